@@ -167,6 +167,18 @@ def nvml_fingerprint(h: Any) -> dict:
     }
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def fingerprint(device_index: int = 0) -> dict:
     """Everything that identifies the machine a measurement came from.
 
@@ -175,7 +187,7 @@ def fingerprint(device_index: int = 0) -> dict:
     """
     fp: dict[str, Any] = {
         "kind": "cpu",
-        "name": platform.processor() or platform.machine(),
+        "name": _cpu_name(),
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
