@@ -55,7 +55,7 @@ class Record:
     schema: str = SCHEMA
 
     @classmethod
-    def new(cls) -> "Record":
+    def new(cls) -> Record:
         from utils.hardware import fingerprint
 
         return cls(fingerprint=fingerprint(), utils_sha256=utils_hash())
@@ -90,7 +90,7 @@ class Record:
         return path
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Record":
+    def from_dict(cls, data: Any) -> Record:
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ValueError(f"not a measurement record (expected schema {SCHEMA!r})")
         ms = {}
@@ -102,7 +102,7 @@ class Record:
         return cls(data.get("fingerprint") or {}, data.get("utils_sha256", ""), ms)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Record":
+    def load(cls, path: str | Path) -> Record:
         path = Path(path)
         try:
             data = json.loads(path.read_text())
