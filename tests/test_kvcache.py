@@ -1,0 +1,558 @@
+"""utils.kvcache: bytes per token, HF configs, vLLM's arithmetic, the log parser, the CLI,
+and real vLLM startup logs from GitHub (tests/data/vllm_logs, each citing its source).
+
+Logged available memory is printed with %.2f GiB, so it fixes the block count only to
+within +-0.005 GiB; the real-log tests check that the logged token count lies in the block
+range that interval implies (and that the range is narrow), and check the logged
+concurrency exactly from the logged token or block count.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from utils import kvcache as kv
+from utils.kvcache import (
+    GIB,
+    KVConfigError,
+    KVSpec,
+    bytes_per_token,
+    from_hf_config,
+    gib_print_range,
+    kv_cache_bytes,
+    parse_vllm_log,
+    vllm_blocks_per_request,
+    vllm_estimate_max_model_len,
+    vllm_kv_tokens,
+    vllm_layout,
+    vllm_max_concurrency,
+    vllm_num_blocks,
+    vllm_pp_layer_split,
+    vllm_request_bytes,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = Path(__file__).parent / "data" / "vllm_logs"
+
+LLAMA3_8B = KVSpec(32, 8, 128, 2, num_attention_heads=32)
+DSV2_LITE = KVSpec(27, 1, 576, 2, mla=True, kv_lora_rank=512, qk_rope_head_dim=64)
+
+
+# ---------------------------------------------------------------- bytes per token
+@pytest.mark.parametrize("spec, expected, attention", [
+    (LLAMA3_8B, 32 * 8 * 128 * 2 * 2, "GQA"),                                 # 131,072
+    (KVSpec(32, 32, 128, 2, num_attention_heads=32), 524_288, "MHA"),        # Llama-2-7B
+    (KVSpec(32, 1, 64, 2, num_attention_heads=71), 32 * 64 * 2 * 2, "MQA"),  # Falcon-7B
+    (DSV2_LITE, 27 * 576 * 2, "MLA"),                                        # 31,104: no factor 2
+    (KVSpec(61, 1, 576, 2, mla=True), 61 * 576 * 2, "MLA"),                  # DeepSeek-V3: 70,272
+    (KVSpec(32, 8, 128, 1), 65_536, "MHA/GQA"),                              # fp8 halves Llama-3-8B
+])
+def test_bytes_per_token_by_attention_type(spec, expected, attention):
+    assert bytes_per_token(spec) == expected
+    assert spec.attention == attention
+
+
+def test_llama3_8b_is_131072_bytes_per_token():
+    assert bytes_per_token(LLAMA3_8B) == 131_072
+    assert kv_cache_bytes(LLAMA3_8B, batch=4, seq_len=8192) == 4 * 8192 * 131_072  # 4 GiB
+
+
+def test_sliding_window_layers_stop_growing_at_the_window():
+    mistral = KVSpec(32, 8, 128, 2, sliding_window=4096)  # Mistral-7B-v0.1: every layer sliding
+    assert kv_cache_bytes(mistral, 1, 2048) == 2048 * 131_072
+    assert kv_cache_bytes(mistral, 1, 32_768) == 4096 * 131_072
+    # gemma-style 5 sliding : 1 full, 12 layers, window 1024, 8k tokens
+    types = tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(12))
+    mixed = KVSpec(12, 4, 256, 2, sliding_window=1024, layer_types=types)
+    per_layer = 2 * 4 * 256 * 2
+    assert kv_cache_bytes(mixed, 2, 8192) == 2 * per_layer * (10 * 1024 + 2 * 8192)
+    assert bytes_per_token(mixed) == 12 * per_layer
+
+
+def test_spec_rejects_bad_numbers():
+    for bad in (dict(num_layers=0, num_kv_heads=8, head_dim=128), dict(num_layers=32, num_kv_heads=-1, head_dim=128),
+                dict(num_layers=2, num_kv_heads=1, head_dim=8, layer_types=("full",)),
+                dict(num_layers=2, num_kv_heads=1, head_dim=8, layer_types=("full", "sliding"))):
+        with pytest.raises(KVConfigError):
+            KVSpec(**bad)
+    with pytest.raises(KVConfigError, match="unknown KV dtype"):
+        kv.dtype_bytes("int3")
+
+
+# ---------------------------------------------------------------- Hugging Face configs
+LLAMA3_CFG = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "hidden_size": 4096, "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
+
+
+def test_config_llama_gqa_without_head_dim():
+    spec = from_hf_config(LLAMA3_CFG)
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype_bytes) == (32, 8, 128, 2)
+    assert bytes_per_token(spec) == 131_072 and spec.max_position_embeddings == 8192
+    assert bytes_per_token(from_hf_config(LLAMA3_CFG, kv_dtype="fp8")) == 65_536
+
+
+def test_config_without_kv_heads_is_mha():
+    cfg = {k: v for k, v in LLAMA3_CFG.items() if k != "num_key_value_heads"}
+    spec = from_hf_config(cfg)
+    assert spec.num_kv_heads == 32 and spec.attention == "MHA"
+
+
+def test_config_gpt2_names_and_fp32_served_in_16_bits():
+    spec = from_hf_config({"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024})
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype_bytes) == (12, 12, 64, 2)
+    assert bytes_per_token(spec) == 12 * 2 * 12 * 64 * 2 and spec.max_position_embeddings == 1024
+
+
+def test_config_mistral_sliding_all_layers_and_qwen2_disabled_window():
+    mistral = from_hf_config({"model_type": "mistral", "num_hidden_layers": 32, "num_attention_heads": 32,
+                              "num_key_value_heads": 8, "hidden_size": 4096, "sliding_window": 4096})
+    assert mistral.sliding_window == 4096 and set(mistral.kinds()) == {"sliding"}
+    qwen2 = from_hf_config({"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 28,
+                            "num_key_value_heads": 4, "hidden_size": 3584, "sliding_window": 131072,
+                            "use_sliding_window": False, "max_window_layers": 28})
+    assert qwen2.sliding_window is None and qwen2.head_dim == 128 and bytes_per_token(qwen2) == 28 * 2 * 4 * 128 * 2
+
+
+def test_config_gemma2_alternates_even_layers_sliding():
+    spec = from_hf_config({"model_type": "gemma2", "num_hidden_layers": 42, "num_attention_heads": 16,
+                           "num_key_value_heads": 8, "head_dim": 256, "hidden_size": 3584, "sliding_window": 4096})
+    assert spec.kinds()[:4] == ("sliding", "full", "sliding", "full") and spec.kinds().count("full") == 21
+
+
+def test_config_gemma3_multimodal_text_config_and_pattern():
+    cfg = {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "num_hidden_layers": 62,
+           "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128, "hidden_size": 5376,
+           "sliding_window": 1024, "sliding_window_pattern": 6, "max_position_embeddings": 131072},
+           "torch_dtype": "bfloat16"}
+    spec = from_hf_config(cfg)
+    kinds = spec.kinds()
+    assert spec.num_layers == 62 and spec.head_dim == 128 and spec.sliding_window == 1024
+    assert [i for i, k in enumerate(kinds) if k == "full"] == list(range(5, 62, 6))  # 10 full layers
+    assert kinds.count("sliding") == 52
+    # the same model described by layer_types
+    text = dict(cfg["text_config"], layer_types=["full_attention" if k == "full" else "sliding_attention" for k in kinds])
+    del text["sliding_window_pattern"]
+    assert from_hf_config({"text_config": text}).kinds() == kinds
+
+
+def test_config_deepseek_mla():
+    v2_lite = {"model_type": "deepseek_v2", "num_hidden_layers": 27, "num_attention_heads": 16,
+               "num_key_value_heads": 16, "hidden_size": 2048, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+               "qk_nope_head_dim": 128, "v_head_dim": 128, "torch_dtype": "bfloat16"}
+    spec = from_hf_config(v2_lite)
+    assert spec.mla and spec.attention == "MLA" and bytes_per_token(spec) == 31_104
+    assert spec.per_gpu(8) == spec  # the latent is replicated, not split
+    v3 = dict(v2_lite, model_type="deepseek_v3", num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128)
+    assert bytes_per_token(from_hf_config(v3)) == 61 * 576 * 2
+    assert bytes_per_token(from_hf_config(v3, kv_dtype="fp8")) == 61 * 576
+
+
+def test_config_layer_types_gpt_oss():
+    cfg = {"model_type": "gpt_oss", "num_hidden_layers": 4, "num_attention_heads": 64, "num_key_value_heads": 8,
+           "head_dim": 64, "hidden_size": 2880, "sliding_window": 128,
+           "layer_types": ["sliding_attention", "full_attention"] * 2}
+    assert from_hf_config(cfg).kinds() == ("sliding", "full", "sliding", "full")
+    with pytest.raises(KVConfigError, match="linear_attention"):
+        from_hf_config(dict(cfg, layer_types=["linear_attention", "full_attention"] * 2))
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(KVConfigError, match="not found"):
+        from_hf_config(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(KVConfigError, match="not valid JSON"):
+        from_hf_config(bad)
+    with pytest.raises(KVConfigError, match="num_hidden_layers"):
+        from_hf_config({"model_type": "llama", "hidden_size": 4096})
+    good = tmp_path / "config.json"
+    good.write_text(json.dumps(LLAMA3_CFG))
+    assert from_hf_config(good) == from_hf_config(LLAMA3_CFG)
+
+
+# ---------------------------------------------------------------- vLLM arithmetic, by hand
+def test_vllm_llama3_8b_hand_computed():
+    # page = 16 tokens x 8 heads x 128 x 2 (K,V) x 2 B = 65,536 B per layer; x 32 layers = 2 MiB per block
+    assert vllm_layout(LLAMA3_8B).page_bytes == 65_536
+    blocks = vllm_num_blocks(10 * GIB, LLAMA3_8B)
+    assert blocks == 5120
+    assert vllm_kv_tokens(blocks, LLAMA3_8B) == 81_920
+    assert vllm_max_concurrency(blocks, LLAMA3_8B, 8192) == 10.0
+    assert vllm_num_blocks(10 * GIB - 1, LLAMA3_8B) == 5119  # floor, not round
+
+
+def test_vllm_concurrency_formulas_differ_when_len_is_not_a_block_multiple():
+    # 1000 blocks, 100-token requests: 7 blocks each (cdiv) vs 100/16 = 6.25 blocks of tokens
+    assert vllm_max_concurrency(1000, LLAMA3_8B, 100) == pytest.approx(1000 / 7)
+    assert vllm_max_concurrency(1000, LLAMA3_8B, 100, formula="tokens") == pytest.approx(160.0)
+    with pytest.raises(KVConfigError):
+        vllm_max_concurrency(1000, LLAMA3_8B, 100, formula="magic")
+
+
+def test_vllm_gemma3_hybrid_groups_hand_computed():
+    kinds = tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(62))  # 10 full, 52 sliding
+    spec = KVSpec(62, 16, 128, 2, sliding_window=1024, layer_types=kinds)
+    lay = vllm_layout(spec)
+    # group size = 10 (52 >= 1.5 x 10); sliding: cdiv(52, 10) = 6 groups, full: 1 group
+    assert lay.group_size == 10 and len(lay.groups) == 7
+    assert sorted(g.num_layers for g in lay.groups) == [8, 8, 9, 9, 9, 9, 10]
+    page = 16 * 2 * 16 * 128 * 2  # 131,072 B
+    assert lay.page_bytes == page
+    avail = 20 * GIB
+    blocks = vllm_num_blocks(avail, spec)
+    assert blocks == avail // page // 10 == 16_384
+    assert vllm_kv_tokens(blocks, spec) == 16_384 // 7 * 16  # "groups" formula
+    # one 32k request: full group cdiv(32768, 16) = 2048 blocks; each sliding group
+    # cdiv(min(1023 + 8192, 32768), 16) + 1 = 576 + 1 = 577 blocks
+    assert vllm_blocks_per_request(spec, 32_768) == 2048 + 6 * 577
+    assert vllm_max_concurrency(blocks, spec, 32_768) == pytest.approx(16_384 / (2048 + 6 * 577))
+    # before the hybrid allocator every layer was allocated as full attention
+    assert vllm_num_blocks(avail, spec, hybrid=False) == avail // page // 62
+    assert vllm_blocks_per_request(spec, 32_768, hybrid=False) == 2048
+
+
+def test_vllm_group_size_heuristic_near_equal_counts():
+    # vLLM's own example: 12 sliding + 13 full -> group size 13 (13 < 1.5 x 12), two groups
+    kinds = ("sliding",) * 12 + ("full",) * 13
+    lay = vllm_layout(KVSpec(25, 8, 64, 2, sliding_window=128, layer_types=kinds))
+    assert lay.group_size == 13 and len(lay.groups) == 2
+
+
+def test_vllm_tensor_and_pipeline_parallel():
+    assert LLAMA3_8B.per_gpu(2).num_kv_heads == 4
+    assert LLAMA3_8B.per_gpu(16).num_kv_heads == 1  # replicated, never zero
+    assert vllm_pp_layer_split(27, 2) == [14, 13]
+    assert vllm_pp_layer_split(22, 4) == [5, 6, 6, 5]
+    assert vllm_pp_layer_split(32, 4) == [8, 8, 8, 8]
+    stages = [DSV2_LITE.stage(0, 14), DSV2_LITE.stage(14, 27)]
+    assert vllm_num_blocks([10 * GIB, 10 * GIB], stages) == 10 * GIB // (16 * 1152) // 14  # the 14-layer stage wins
+
+
+def test_vllm_request_bytes_and_max_model_len_estimate():
+    assert vllm_request_bytes(LLAMA3_8B, 8192) == 8192 * 131_072
+    assert vllm_estimate_max_model_len(GIB, LLAMA3_8B, 131_072) == 8192  # 1 GiB / 128 KiB
+    assert vllm_estimate_max_model_len(GIB, LLAMA3_8B, 4000) == 4000  # capped at the original
+    assert vllm_estimate_max_model_len(100, LLAMA3_8B, 4000) == 0
+
+
+def test_available_memory_estimate():
+    avail = kv.vllm_available_kv_bytes(80 * GIB, 16 * GIB, gpu_memory_utilization=0.9, activation_bytes=2 * GIB)
+    assert avail == int(80 * GIB * 0.9 - 18 * GIB)
+    for util in (0, 1.5, -0.1):
+        with pytest.raises(KVConfigError, match="utilization"):
+            kv.vllm_available_kv_bytes(80 * GIB, GIB, gpu_memory_utilization=util)
+    with pytest.raises(KVConfigError, match="nothing is left"):
+        kv.vllm_available_kv_bytes(24 * GIB, 30 * GIB)
+
+
+def test_gib_print_range():
+    lo, hi = gib_print_range(3.81)
+    assert f"{(lo - GIB // 1000) / GIB:.2f}" == "3.80" and f"{(hi + GIB // 1000) / GIB:.2f}" == "3.82"  # tight
+    assert f"{(lo + 1) / GIB:.2f}" == "3.81" and f"{(hi - 1) / GIB:.2f}" == "3.81"
+    assert hi - lo == pytest.approx(0.01 * GIB, abs=2)
+
+
+# ---------------------------------------------------------------- the log parser
+def test_parser_handles_colours_prefixes_workers_and_one_line_format():
+    text = (
+        "\x1b[1;36m(EngineCore_0 pid=123)\x1b[0;0m INFO 05-02 10:11:12 [gpu_worker.py:298] Available KV cache memory: 6.51 GiB\n"
+        "(VllmWorker rank=1 pid=7) \x1b[32mINFO\x1b[0m 05-02 10:11:12 [gpu_worker.py:298] Available KV cache memory: 6.49 GiB\n"
+        "INFO 05-02 10:11:13 [kv_cache_utils.py:634] GPU KV cache size: 1,553,140 tokens, "
+        "Maximum concurrency for 1,000,000 tokens per request: 1.55x\n"
+        "INFO 07-24 14:08:02 distributed_gpu_executor.py:56] # GPU blocks: 12345, # CPU blocks: 2048\n"
+    )
+    s = parse_vllm_log(text)
+    assert s.available_kv_gib == (6.51, 6.49) and s.min_available_kv_gib == 6.49
+    assert s.kv_tokens == 1_553_140
+    assert s.concurrency == ((1_000_000, 1.55),) and s.concurrency_text == ("1.55",)
+    assert s.max_model_len == 1_000_000 and s.max_concurrency == 1.55
+    assert (s.gpu_blocks, s.cpu_blocks) == ((12345,), (2048,))
+
+
+def test_parser_v0_memory_lines_and_errors():
+    s = parse_vllm_log(
+        "INFO worker.py:232] Memory profiling takes 4.2 seconds ... the rest of the memory reserved for KV Cache is 13.85GiB.\n"
+        "ValueError: ... (10.12 GiB KV cache is needed, which is larger than the available KV cache memory (5.59 GiB). "
+        "Based on the available memory, the estimated maximum model length is 122080. Try ...\n")
+    assert s.available_kv_gib == (13.85,) and s.kv_needed_gib == (10.12,) and s.estimated_max_model_len == (122080,)
+    assert parse_vllm_log("nothing here") == kv.VllmLogSummary()
+
+
+# ---------------------------------------------------------------- real logs
+def load_case(name: str) -> tuple[kv.VllmLogSummary, dict[str, str], dict[str, str]]:
+    text = (LOGS / name).read_text(encoding="utf-8")
+    meta = {}
+    for line in text.splitlines():
+        if line.startswith("@"):
+            key, _, value = line[1:].partition(":")
+            meta[key.strip()] = value.strip()
+    cfg = dict(tok.split("=", 1) if "=" in tok else (tok, "1") for tok in meta["config"].split())
+    return parse_vllm_log(text), meta, cfg
+
+
+def spec_of(cfg: dict[str, str]) -> KVSpec:
+    nbytes = kv.dtype_bytes(cfg.get("dtype", "bf16"))
+    layers = int(cfg["layers"])
+    if "mla" in cfg:
+        rank, rope = int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"])
+        return KVSpec(layers, 1, rank + rope, nbytes, mla=True, kv_lora_rank=rank, qk_rope_head_dim=rope)
+    window = int(cfg["sliding_window"]) if "sliding_window" in cfg else None
+    types = tuple(("sliding", "full")[i % 2] for i in range(layers)) if cfg.get("layer_types") == "alternate" else None
+    return KVSpec(layers, int(cfg["kv_heads"]), int(cfg["head_dim"]), nbytes, sliding_window=window, layer_types=types)
+
+
+def blocks_range(gib: float, spec, **kw) -> tuple[int, int]:
+    """Blocks for the smallest and largest byte count that prints as ``gib``."""
+    lo, hi = gib_print_range(gib)
+    return vllm_num_blocks(lo, spec, **kw), vllm_num_blocks(hi, spec, **kw)
+
+
+def test_every_log_cites_its_source_model_and_config():
+    files = sorted(LOGS.glob("*.log"))
+    assert len(files) >= 6
+    for f in files:
+        _, meta, cfg = load_case(f.name)
+        assert meta["source"].startswith("https://github.com/"), f
+        assert meta["model"] and "block_size" in cfg, f
+
+
+@pytest.mark.parametrize("name, gib, blocks, max_len, conc", [
+    ("vllm_10517_llama31_8b_v0_20k.log", 3.81, 1952, 20000, "1.56"),
+    ("vllm_10517_llama31_8b_v0_29k.log", 2.89, 1478, 29000, "0.82"),
+])
+def test_real_v0_gpu_blocks_llama31_8b(name, gib, blocks, max_len, conc):
+    """v0 engine: ``# GPU blocks`` from ``kv_cache_size`` (Llama-3.1-8B, GQA, bf16). 0.01 GiB
+    is 5.12 blocks of 2 MiB, so the logged block count is pinned to within 6 blocks."""
+    s, _, cfg = load_case(name)
+    spec = spec_of(cfg)
+    assert s.available_kv_gib == (gib,) and s.gpu_blocks == (blocks,) and s.cpu_blocks == (2048,)
+    lo, hi = blocks_range(gib, spec)
+    assert lo <= blocks <= hi and hi - lo <= 6
+    assert s.max_model_len == max_len == int(cfg["max_model_len"])
+    assert f"{vllm_max_concurrency(blocks, spec, max_len, formula='tokens'):.2f}" == s.concurrency_text[0] == conc
+    if s.max_tokens_in_kv_cache:  # v0's "maximum number of tokens that can be stored in KV cache (N)"
+        assert s.max_tokens_in_kv_cache == (vllm_kv_tokens(blocks, spec, formula="blocks"),)
+
+
+def test_real_v1_gpu_blocks_relation_pr13596():
+    """Model not named: check tokens = blocks x block_size and the concurrency of that era."""
+    s, _, cfg = load_case("vllm_13596_v1_gpu_blocks.log")
+    (blocks,), (tokens,) = s.gpu_blocks, s.kv_cache_tokens
+    assert tokens == blocks * int(cfg["block_size"]) == 2_042_016
+    any_spec = KVSpec(1, 1, 1)  # the "tokens" concurrency formula does not look at the model
+    assert all(f"{vllm_max_concurrency(blocks, any_spec, m, formula='tokens'):.2f}" == c
+               for (m, _), c in zip(s.concurrency, s.concurrency_text, strict=True))
+    assert s.concurrency_text == ("997.08", "997.08")
+
+
+def test_real_mla_needed_memory_deepseek_v2_lite():
+    """MLA: 2048 blocks x 16 tokens x 576 x 2 B x 27 layers = 0.949 GiB, printed 0.95; with
+    the factor 2 of MHA it would be 1.90 GiB."""
+    s, _, cfg = load_case("vllm_15871_deepseek_v2_lite_mla.log")
+    spec = spec_of(cfg)
+    needed = vllm_request_bytes(spec, int(cfg["max_model_len"]))
+    assert f"{needed / GIB:.2f}" == f"{s.kv_needed_gib[0]:.2f}" == "0.95"
+    as_if_kv_pair = KVSpec(27, 1, 576, 2)  # same latent counted as K and V
+    assert f"{vllm_request_bytes(as_if_kv_pair, 32768) / GIB:.2f}" == "1.90"
+
+
+@pytest.mark.parametrize("name, formula, conc", [
+    ("vllm_19029_starcoder2_3b_sliding_before.log", "tokens", "134.19"),
+    ("vllm_19029_starcoder2_3b_sliding_after.log", "blocks", "178.68"),
+])
+def test_real_sliding_window_concurrency_starcoder2(name, formula, conc):
+    """Every layer sliding (window 4096): after PR #19029 a request needs
+    cdiv(min(4095 + 8192, 16384), 16) + 1 = 769 blocks, not 16384 / 16 = 1024."""
+    s, _, cfg = load_case(name)
+    spec = spec_of(cfg)
+    (tokens,) = s.kv_cache_tokens
+    assert tokens % 16 == 0
+    blocks = tokens // 16
+    assert vllm_kv_tokens(blocks, spec) == tokens
+    got = vllm_max_concurrency(blocks, spec, s.max_model_len, formula=formula,
+                               max_num_batched_tokens=int(cfg["max_num_batched_tokens"]))
+    assert f"{got:.2f}" == s.concurrency_text[0] == conc
+    if formula == "blocks":
+        assert vllm_blocks_per_request(spec, 16384) == 769
+        assert f"{vllm_max_concurrency(blocks, spec, 16384, max_num_batched_tokens=2048):.2f}" == "356.90"
+
+
+def test_real_mla_pipeline_parallel_deepseek_v2_lite():
+    """PP 2 x TP 2: stage 0 (14 layers) has 12.13 GiB, stage 1 (13 layers) 11.33 GiB; the
+    smaller block count (stage 0) is used everywhere. 0.01 GiB is 41.6 blocks of 258 KiB."""
+    s, _, cfg = load_case("vllm_20665_deepseek_v2_lite_pp2_tp2.log")
+    spec = spec_of(cfg).per_gpu(int(cfg["tp"]))
+    assert sorted(set(s.available_kv_gib)) == [11.33, 12.13] and len(s.available_kv_gib) == 4
+    split = vllm_pp_layer_split(spec.num_layers, int(cfg["pp"]))
+    stages = [spec.stage(0, split[0]), spec.stage(split[0], spec.num_layers)]
+    lo = [gib_print_range(12.13)[0], gib_print_range(11.33)[0]]
+    hi = [gib_print_range(12.13)[1], gib_print_range(11.33)[1]]
+    b_lo, b_hi = vllm_num_blocks(lo, stages), vllm_num_blocks(hi, stages)
+    tokens = s.kv_tokens
+    assert s.kv_cache_tokens == (tokens, tokens)
+    assert vllm_kv_tokens(b_lo, spec) <= tokens <= vllm_kv_tokens(b_hi, spec) and b_hi - b_lo <= 42
+    blocks = tokens // 16
+    assert f"{vllm_max_concurrency(blocks, spec, s.max_model_len):.2f}" == s.concurrency_text[0] == "788.86"
+    # counting the MLA latent twice (as K and V) halves the blocks: far outside the range
+    doubled = [KVSpec(n.num_layers, 1, 576 * 2, 2, mla=True) for n in stages]
+    assert vllm_num_blocks(hi, doubled) < b_lo
+
+
+@pytest.mark.parametrize("name, width", [
+    ("vllm_24577_qwen3_06b_bf16.log", 6),       # 0.01 GiB / 1.75 MiB blocks = 5.8
+    ("lmcache_1739_qwen3_14b.log", 5),          # 0.01 GiB / 2.5 MiB = 4.1
+    ("vllm_25350_fp8_100k.log", 14),            # fp8: 0.01 GiB / 0.75 MiB = 13.7
+])
+def test_real_v1_available_memory_to_tokens_and_concurrency(name, width):
+    s, _, cfg = load_case(name)
+    spec = spec_of(cfg)
+    (gib,), tokens = s.available_kv_gib, s.kv_tokens
+    lo, hi = blocks_range(gib, spec)
+    assert vllm_kv_tokens(lo, spec) <= tokens <= vllm_kv_tokens(hi, spec) and hi - lo <= width
+    blocks = tokens // 16
+    assert vllm_kv_tokens(blocks, spec) == tokens
+    max_len = int(cfg["max_model_len"])
+    assert s.max_model_len == max_len
+    for formula in ("blocks", "tokens"):  # max_model_len is a block multiple here: both agree
+        assert f"{vllm_max_concurrency(blocks, spec, max_len, formula=formula):.2f}" == s.concurrency_text[0]
+    assert vllm_kv_tokens(blocks, spec, formula="concurrency", max_model_len=max_len) in (tokens - 1, tokens)
+    if cfg.get("dtype") == "fp8":  # the same model with a bf16 cache would hold half the tokens
+        bf16 = KVSpec(spec.num_layers, spec.num_kv_heads, spec.head_dim, 2)
+        assert vllm_kv_tokens(vllm_num_blocks(gib_print_range(gib)[1], bf16), bf16) < tokens * 0.51
+
+
+def test_real_fp8_needed_memory_and_estimated_length():
+    """--max-model-len 221000 with an fp8 cache: 13,813 blocks x 786,432 B = 10.12 GiB needed,
+    and the longest length fitting 5.59 GiB is 7,630 blocks x 16 = 122,080 (within the
+    rounding of 5.59 GiB: 7,625 to 7,639 blocks)."""
+    s, _, cfg = load_case("vllm_25350_fp8_221k_error.log")
+    spec = spec_of(cfg)
+    assert f"{vllm_request_bytes(spec, 221000) / GIB:.2f}" == f"{s.kv_needed_gib[0]:.2f}" == "10.12"
+    lo, hi = gib_print_range(5.59)
+    est = s.estimated_max_model_len[0]
+    assert vllm_estimate_max_model_len(lo, spec, 221000) <= est <= vllm_estimate_max_model_len(hi, spec, 221000)
+
+
+def test_real_needed_memory_qwen3_coder_480b():
+    """262,144 tokens x 62 layers x 8 x 128 x 2 x 2 B = 62.00 GiB exactly."""
+    s, _, cfg = load_case("vllm_recipes12_qwen3_coder_480b.log")
+    spec = spec_of(cfg)
+    max_len = int(cfg["max_model_len"])
+    assert vllm_request_bytes(spec, max_len) == 62 * GIB
+    assert s.kv_needed_gib == (62.0, 62.0)
+    for est, line in zip(s.estimated_max_model_len, (48.66, 55.65), strict=True):
+        lo, hi = gib_print_range(line)
+        assert vllm_estimate_max_model_len(lo, spec, max_len) <= est <= vllm_estimate_max_model_len(hi, spec, max_len)
+    assert s.estimated_max_model_len == (205_728, 235_296)
+
+
+def test_real_hybrid_gpt_oss_120b():
+    """18 sliding + 18 full layers: two groups of 18; tokens = blocks // 2 x 16, from
+    5.38 GiB +- 0.005 that is 78,272 to 78,416 tokens; the log says 78,384."""
+    s, _, cfg = load_case("hfmem_60_gpt_oss_120b_hybrid.log")
+    spec = spec_of(cfg)
+    lay = vllm_layout(spec)
+    assert lay.group_size == 18 and len(lay.groups) == 2
+    lo, hi = blocks_range(s.available_kv_gib[0], spec)
+    assert (vllm_kv_tokens(lo, spec), vllm_kv_tokens(hi, spec)) == (78_272, 78_416)
+    assert vllm_kv_tokens(lo, spec) <= s.kv_tokens <= vllm_kv_tokens(hi, spec)
+
+
+# ---------------------------------------------------------------- command line
+def run_cli(capsys, *argv):
+    code = kv.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_json_from_numbers(capsys):
+    code, out, _ = run_cli(capsys, "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "8192",
+                           "--kv-memory-gib", "10", "--batch", "4", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert (data["bytes_per_token"], data["num_blocks"], data["kv_tokens"], data["max_concurrency"]) == (131072, 5120, 81920, 10.0)
+    assert data["batch_kv_bytes_needed"] == 4 * GIB and data["fits"] is True
+
+
+def test_cli_config_fp8_and_batch_that_does_not_fit(capsys, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA3_CFG))
+    code, out, _ = run_cli(capsys, "--config", str(cfg), "--kv-dtype", "fp8", "--kv-memory-gib", "1", "--batch", "3", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["bytes_per_token"] == 65536 and data["max_model_len"] == 8192
+    assert data["num_blocks"] == 1024 and data["fits"] is False  # 3 x 512 blocks > 1024
+
+
+def test_cli_hybrid_switch_and_tensor_parallel(capsys, tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "gpt_oss", "num_hidden_layers": 4, "num_attention_heads": 64,
+                               "num_key_value_heads": 8, "head_dim": 64, "hidden_size": 2880, "sliding_window": 128,
+                               "layer_types": ["sliding_attention", "full_attention"] * 2, "max_position_embeddings": 4096}))
+    base = ["--config", str(cfg), "--kv-memory-gib", "1", "--json"]
+    hybrid = json.loads(run_cli(capsys, *base)[1])
+    unified = json.loads(run_cli(capsys, *base, "--disable-hybrid-kv-cache-manager")[1])
+    assert (hybrid["num_groups"], hybrid["group_size"], unified["num_groups"], unified["group_size"]) == (2, 2, 1, 4)
+    # 4096 tokens: full cdiv(4096, 16) = 256 blocks, sliding cdiv(127 + 8192 -> 4096, 16) + 1 = 257
+    assert hybrid["blocks_per_request"] == 256 + 257 and unified["blocks_per_request"] == 256
+    tp = json.loads(run_cli(capsys, *base, "--tensor-parallel-size", "4")[1])
+    assert tp["bytes_per_token_per_gpu"] * 4 == tp["bytes_per_token"] == 4 * 2 * 8 * 64 * 2
+
+
+def test_cli_table_labels_the_estimate(capsys):
+    code, out, _ = run_cli(capsys, "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "8192",
+                           "--gpu-memory-gib", "80", "--weights-gib", "15")
+    assert code == 0 and "ESTIMATE" in out and "upper bound" in out and "131,072" in out
+    code, out, _ = run_cli(capsys, "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "8192",
+                           "--gpu-memory-gib", "80", "--weights-gib", "15", "--activation-gib", "4", "--json")
+    data = json.loads(out)
+    assert data["available_kv_bytes"] == int(80 * GIB * 0.9 - 19 * GIB) and "ESTIMATE" in data["available_kv_source"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "MISSING"], "not found"),
+    (["--config", "BAD"], "not valid JSON"),
+    (["--config", "EMPTY"], "num_hidden_layers"),
+    (["--layers", "32", "--kv-heads", "8"], "--head-dim"),
+    (["--layers", "-32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10"], "negative"),
+    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128"], "--max-model-len"),
+    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--kv-memory-gib", "-1"], "negative"),
+    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--gpu-memory-gib", "80",
+      "--weights-gib", "10", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--gpu-memory-gib", "80",
+      "--weights-gib", "10", "--gpu-memory-utilization", "0"], "(0, 1]"),
+    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--gpu-memory-gib", "24",
+      "--weights-gib", "30"], "nothing is left"),
+    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--gpu-memory-gib", "24"], "--weights-gib"),
+    (["--layers", "32", "--kv-heads", "0", "--head-dim", "128", "--max-model-len", "10"], "num_kv_heads"),
+    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--block-size", "0"], "block-size"),
+    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "0"], "--max-model-len"),
+    (["--config", "STRING_FIELD"], "whole number"),
+    (["--config", "EMPTY", "--layers", "32"], "not both"),
+])
+def test_cli_errors_are_one_line_exit_2(capsys, tmp_path, argv, message):
+    (tmp_path / "bad.json").write_text("{oops")
+    (tmp_path / "empty.json").write_text("{}")
+    (tmp_path / "string.json").write_text(json.dumps(dict(LLAMA3_CFG, num_hidden_layers="thirty-two")))
+    files = {"MISSING": str(tmp_path / "missing.json"), "BAD": str(tmp_path / "bad.json"),
+             "EMPTY": str(tmp_path / "empty.json"), "STRING_FIELD": str(tmp_path / "string.json")}
+    argv = [files.get(a, a) for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        kv.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.count("\n") == 1 and "error:" in err and message in err and "Traceback" not in err
+
+
+def test_cli_runs_as_module():
+    r = subprocess.run([sys.executable, "-m", "utils.kvcache", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+                        "--max-model-len", "8192", "--kv-memory-gib", "10", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kv_tokens"] == 81920
+    r = subprocess.run([sys.executable, "-m", "utils.kvcache", "--config", "/nonexistent/config.json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr

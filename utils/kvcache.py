@@ -1,0 +1,756 @@
+"""KV-cache bytes per token, and vLLM's block, token and concurrency arithmetic.
+
+Bytes per token, per layer (one token of K and V):
+
+* MHA, GQA, MQA: ``2 x num_kv_heads x head_dim x dtype_bytes`` (K and V; MHA has as many
+  KV heads as query heads, GQA fewer, MQA one). Llama-3-8B: 32 layers x 8 x 128 x 2 x 2
+  bytes = 131,072 bytes per token.
+* MLA (DeepSeek-V2/V3): one latent of ``kv_lora_rank + qk_rope_head_dim`` values, no
+  factor 2 and no per-head copy: DeepSeek-V2-Lite (27 layers, 512 + 64) stores 31,104
+  bytes per token in bf16.
+* Sliding-window layers cost the same per token, but hold at most ``sliding_window``
+  tokens; fp8 KV caches use one byte per value.
+
+vLLM's arithmetic (the v1 engine; files under ``vllm/v1`` of vllm-project/vllm, with
+``kv_cache_utils.py`` and ``kv_cache_interface.py`` read at commit 001cabc1, 2026):
+
+* ``worker/gpu_worker.py`` ``determine_available_memory``: available KV memory =
+  total GPU memory x ``gpu_memory_utilization`` - (weights + activation peak + non-torch
+  memory), the last two measured in a profiling run (``memory_profiling``); logged with
+  ``%.2f`` as ``Available KV cache memory: X GiB``. Without that run it can only be
+  estimated. The v0 engine did the same in ``vllm/worker/worker.py`` and divided by the
+  whole model's block size (``# GPU blocks: N``).
+* ``kv_cache_interface.py``: page = one layer's K and V for ``block_size`` tokens
+  (``AttentionSpec.real_page_size_bytes``; ``MLAAttentionSpec`` drops the factor 2). A
+  full-attention request needs ``cdiv(max_model_len, block_size)`` pages per layer; a
+  sliding-window one ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len),
+  block_size) + 1`` (``SlidingWindowSpec.max_memory_usage_bytes``).
+* ``core/kv_cache_utils.py``: layers with one spec form one group. A hybrid model (full
+  plus sliding layers) is split into groups of ``group_size`` layers
+  (``_get_kv_cache_groups_uniform_page_size``: the smallest layer count per type, or the
+  largest when it is under 1.5 x the smallest; padding fills the last group);
+  ``num_blocks = available // page // group_size`` (``get_num_blocks``), the minimum
+  over workers (``get_kv_cache_configs``); ``num_gpu_blocks_override`` is not modelled.
+
+How the two logged numbers were derived changed over time; each is a ``formula`` here:
+
+========================  ===================================================================
+concurrency ``"tokens"``  ``num_blocks x block_size / max_model_len``: v0 engine (after
+                          ``# GPU blocks: N``) and v1 until PR #19029 (June 2025).
+concurrency ``"blocks"``  ``num_blocks / blocks_per_request`` (sliding-window aware), PR #19029
+                          onward (``get_max_concurrency_for_kv_cache_config``).
+tokens ``"blocks"``       ``num_blocks x block_size``: v1 from PR #13596 (Feb 2025).
+tokens ``"groups"``       ``num_blocks // num_groups x block_size`` (``_report_kv_cache_config``
+                          with the hybrid allocator, 2025-2026); same as "blocks" for one group.
+tokens ``"concurrency"``  ``int(max_concurrency x max_model_len)``: vLLM main in 2026 (issues
+                          #40691, #54662; one log line with the concurrency since PR #50462);
+                          a float product, so it can land one token below.
+========================  ===================================================================
+
+Available memory and concurrency are printed rounded (``%.2f`` GiB, ``%.2fx``), so a
+logged available memory fixes the block count only to within +-0.005 GiB (about five 2 MiB
+blocks of Llama-3-8B): :func:`gib_print_range` gives that bound.
+
+Written by hand rather than importing vLLM: vLLM needs a GPU build and a full engine
+config, and a course reader should see the arithmetic in one file. Not modelled: Mamba and
+linear-attention layers, layers of different head shapes in one model (Gemma 4),
+``num_gpu_blocks_override``, decode/prefill context parallelism.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2,
+               "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+FULL, SLIDING = "full", "sliding"
+_LAYER_TYPE_NAMES = {"full_attention": FULL, "full": FULL, "global": FULL, "attention": FULL,
+                     "sliding_attention": SLIDING, "sliding": SLIDING, "local": SLIDING,
+                     "sliding_window": SLIDING, "local_attention": SLIDING}
+TOKEN_FORMULAS = ("blocks", "groups", "concurrency")
+CONCURRENCY_FORMULAS = ("tokens", "blocks")
+
+
+class KVConfigError(ValueError):
+    """A config or a number the calculator cannot use; the message says what to fix."""
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per value for ``bf16``, ``fp16``, ``fp32``, ``fp8`` (and torch spellings)."""
+    key = str(name).lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise KVConfigError(f"unknown KV dtype {name!r}; use one of bf16, fp16, fp32, fp8")
+    return DTYPE_BYTES[key]
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """KV-cache geometry of a decoder, for the whole model (before tensor parallelism).
+
+    For MLA, ``num_kv_heads`` is 1 and ``head_dim`` is the latent width
+    ``kv_lora_rank + qk_rope_head_dim``, as vLLM's ``MLAAttentionSpec`` stores it.
+    ``layer_types`` lists ``"full"``/``"sliding"`` per layer; ``None`` means every layer is
+    full attention, or every layer sliding when ``sliding_window`` is set.
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+    num_attention_heads: int | None = None
+    mla: bool = False
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+    max_position_embeddings: int | None = None
+    model_type: str | None = None
+
+    def __post_init__(self):
+        for name in ("num_layers", "num_kv_heads", "head_dim", "dtype_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise KVConfigError(f"{name} must be a positive integer, got {v!r}")
+        if self.sliding_window is not None and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            raise KVConfigError(f"sliding_window must be a positive integer or None, got {self.sliding_window!r}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise KVConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+            if any(t not in (FULL, SLIDING) for t in self.layer_types):
+                raise KVConfigError(f"layer_types must be 'full' or 'sliding', got {sorted(set(self.layer_types))}")
+            if SLIDING in self.layer_types and self.sliding_window is None:
+                raise KVConfigError("layer_types has sliding layers but sliding_window is not set")
+
+    @property
+    def attention(self) -> str:
+        """``"MLA"``, ``"MQA"`` (one KV head), ``"MHA"`` (KV heads = query heads) or ``"GQA"``."""
+        if self.mla:
+            return "MLA"
+        if self.num_kv_heads == 1:
+            return "MQA"
+        if self.num_attention_heads is not None and self.num_attention_heads == self.num_kv_heads:
+            return "MHA"
+        return "GQA" if self.num_attention_heads else "MHA/GQA"
+
+    def kinds(self) -> tuple[str, ...]:
+        """``"full"`` or ``"sliding"`` for each layer."""
+        if self.layer_types is not None:
+            return self.layer_types
+        return (SLIDING if self.sliding_window else FULL,) * self.num_layers
+
+    def layer_bytes_per_token(self) -> int:
+        """One layer, one token: ``2 x kv_heads x head_dim x bytes``, or the MLA latent."""
+        return (1 if self.mla else 2) * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def per_gpu(self, tensor_parallel_size: int = 1) -> KVSpec:
+        """The share of one tensor-parallel rank: KV heads split, at least one each
+        (vLLM ``ModelConfig.get_num_kv_heads``); MLA's single latent is replicated."""
+        if tensor_parallel_size < 1:
+            raise KVConfigError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+        if self.mla:
+            return self
+        return replace(self, num_kv_heads=max(1, self.num_kv_heads // tensor_parallel_size))
+
+    def stage(self, start: int, end: int) -> KVSpec:
+        """Layers ``start:end`` only (a pipeline-parallel stage)."""
+        if not 0 <= start < end <= self.num_layers:
+            raise KVConfigError(f"stage {start}:{end} is outside 0:{self.num_layers}")
+        types = None if self.layer_types is None else self.layer_types[start:end]
+        return replace(self, num_layers=end - start, layer_types=types)
+
+
+def bytes_per_token(spec: KVSpec) -> int:
+    """KV bytes one token costs in every layer (sliding layers included: while the
+    sequence is shorter than the window, they store every token too)."""
+    return spec.num_layers * spec.layer_bytes_per_token()
+
+
+def kv_cache_bytes(spec: KVSpec, batch: int, seq_len: int) -> int:
+    """Bytes to hold ``batch`` sequences of ``seq_len`` tokens, unpaged: sliding layers keep
+    ``min(seq_len, window)`` tokens. An engine rounds up to whole blocks; see
+    :func:`vllm_request_bytes` for vLLM's count."""
+    _check_nonneg(batch=batch, seq_len=seq_len)
+    per_layer = spec.layer_bytes_per_token()
+    tokens = sum(min(seq_len, spec.sliding_window) if k == SLIDING else seq_len for k in spec.kinds())
+    return batch * per_layer * tokens
+
+
+# ---------------------------------------------------------------- Hugging Face configs
+def _load_config(config: dict | str | Path) -> dict:
+    if isinstance(config, dict):
+        return config
+    path = Path(config)
+    if not path.is_file():
+        raise KVConfigError(f"config file not found: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise KVConfigError(f"{path} is not valid JSON ({e}); pass a Hugging Face config.json") from None
+    if not isinstance(data, dict):
+        raise KVConfigError(f"{path} holds a JSON {type(data).__name__}, not an object; pass a Hugging Face config.json")
+    return data
+
+
+def _first(cfg: dict, *names: str) -> Any:
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return None
+
+
+def _hf_dtype_bytes(cfg: dict) -> int:
+    """vLLM's ``dtype="auto"``: the checkpoint's 16-bit type; float32 (or no dtype, as in
+    GPT-2's config) is served in 16 bits by default, so 2 bytes."""
+    name = str(_first(cfg, "torch_dtype", "dtype") or "bfloat16").replace("torch.", "")
+    return 2 if name in ("float32", "float") else dtype_bytes(name)
+
+
+def from_hf_config(config: dict | str | Path, *, kv_dtype: str | None = None) -> KVSpec:
+    """A :class:`KVSpec` from a Hugging Face ``config.json`` (a dict or a path).
+
+    Handles llama/mistral/qwen2/qwen3 (``num_key_value_heads``), gemma2 (even layers
+    sliding, as in transformers' ``Gemma2Attention``), gemma3 and others with
+    ``layer_types`` or ``sliding_window_pattern`` (layer i sliding unless (i+1) % pattern
+    == 0), deepseek_v2/v3 (``kv_lora_rank``: MLA), gpt2 (``n_layer``, ``n_head``,
+    ``n_embd``) and multimodal configs that nest the decoder under ``text_config``.
+    ``head_dim`` absent: ``hidden_size // num_attention_heads``; ``num_key_value_heads``
+    absent: ``num_attention_heads``. qwen2's ``sliding_window`` counts only with
+    ``use_sliding_window: true`` (then for layers from ``max_window_layers`` on).
+    ``kv_dtype`` (``bf16``, ``fp16``, ``fp32``, ``fp8``) overrides the checkpoint dtype.
+    """
+    raw = _load_config(config)
+    cfg = dict(raw)
+    for nest in ("text_config", "llm_config", "language_config"):
+        if isinstance(raw.get(nest), dict):
+            cfg = {**raw, **raw[nest]}
+            break
+    model_type = cfg.get("model_type")
+    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    heads = _first(cfg, "num_attention_heads", "n_head")
+    hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
+    missing = [n for n, v in (("num_hidden_layers", layers), ("num_attention_heads", heads)) if v is None]
+    if missing:
+        raise KVConfigError(f"config has no {' or '.join(missing)} (model_type {model_type!r}); "
+                            "pass --layers --kv-heads --head-dim instead")
+    nbytes = dtype_bytes(kv_dtype) if kv_dtype else _hf_dtype_bytes(cfg)
+    max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    layers, heads = _as_int("num_hidden_layers", layers), _as_int("num_attention_heads", heads)
+    common = dict(num_layers=layers, dtype_bytes=nbytes, num_attention_heads=heads,
+                  max_position_embeddings=_as_int("max_position_embeddings", max_pos) if max_pos else None,
+                  model_type=model_type)
+
+    if cfg.get("kv_lora_rank") is not None:  # DeepSeek MLA
+        if cfg.get("qk_rope_head_dim") is None:
+            raise KVConfigError("MLA config has kv_lora_rank but no qk_rope_head_dim")
+        rank, rope = _as_int("kv_lora_rank", cfg["kv_lora_rank"]), _as_int("qk_rope_head_dim", cfg["qk_rope_head_dim"])
+        return KVSpec(num_kv_heads=1, head_dim=rank + rope, mla=True, kv_lora_rank=rank, qk_rope_head_dim=rope, **common)
+
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        if hidden is None:
+            raise KVConfigError(f"config has neither head_dim nor hidden_size (model_type {model_type!r})")
+        head_dim = _as_int("hidden_size", hidden) // heads
+    kv_heads = _first(cfg, "num_key_value_heads", "n_head_kv", "num_kv_heads")
+    kv_heads = heads if kv_heads is None else _as_int("num_key_value_heads", kv_heads)
+
+    window, types = _sliding_layout(cfg, layers, model_type)
+    return KVSpec(num_kv_heads=kv_heads, head_dim=_as_int("head_dim", head_dim), sliding_window=window,
+                  layer_types=types, **common)
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise KVConfigError(f"config field {name} must be a whole number, got {value!r}")
+    return int(value)
+
+
+def _sliding_layout(cfg: dict, layers: int, model_type: str | None) -> tuple[int | None, tuple[str, ...] | None]:
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False:
+        window = None
+    if cfg.get("layer_types") is not None:
+        if not isinstance(cfg["layer_types"], list):
+            raise KVConfigError(f"layer_types must be a list, got {cfg['layer_types']!r}")
+        types = []
+        for t in cfg["layer_types"]:
+            if t not in _LAYER_TYPE_NAMES:
+                raise KVConfigError(f"layer type {t!r} is not modelled (only full and sliding-window attention)")
+            types.append(_LAYER_TYPE_NAMES[t])
+        if len(types) != layers:
+            raise KVConfigError(f"layer_types has {len(types)} entries for {layers} layers")
+        if SLIDING not in types:
+            return None, None
+        if not window:
+            raise KVConfigError("layer_types has sliding layers but the config has no sliding_window")
+        return int(window), (tuple(types) if FULL in types else None)
+    if not window:
+        return None, None
+    window = int(window)
+    pattern = _first(cfg, "sliding_window_pattern", "_sliding_window_pattern")
+    if pattern:
+        types = tuple(SLIDING if (i + 1) % int(pattern) else FULL for i in range(layers))
+    elif model_type == "gemma2":
+        types = tuple(SLIDING if i % 2 == 0 else FULL for i in range(layers))
+    elif model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and cfg.get("max_window_layers") is not None:
+        types = tuple(SLIDING if i >= int(cfg["max_window_layers"]) else FULL for i in range(layers))
+    else:
+        return window, None  # every layer sliding (Mistral-7B-v0.1, StarCoder2)
+    if FULL not in types:
+        return window, None
+    if SLIDING not in types:
+        return None, None
+    return window, types
+
+
+# ---------------------------------------------------------------- vLLM arithmetic
+@dataclass(frozen=True)
+class VllmGroup:
+    kind: str  # "full" or "sliding"
+    num_layers: int  # real layers; the rest of group_size is padding
+
+
+@dataclass(frozen=True)
+class VllmLayout:
+    """How vLLM splits one worker's layers into KV-cache groups sharing a block pool."""
+
+    page_bytes: int  # one layer, one block of block_size tokens
+    group_size: int  # layers per group, padding included
+    groups: tuple[VllmGroup, ...]
+    block_size: int
+    sliding_window: int | None
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Memory one block id takes across the pool (``group_size`` pages)."""
+        return self.page_bytes * self.group_size
+
+
+def vllm_layout(spec: KVSpec, *, block_size: int = 16, hybrid: bool = True) -> VllmLayout:
+    """vLLM's grouping (``get_kv_cache_groups``). ``hybrid=False`` is the engine before the
+    hybrid allocator (and ``--disable-hybrid-kv-cache-manager``): sliding layers of a
+    mixed model are allocated as full attention, all layers in one group."""
+    _check_positive(block_size=block_size)
+    page = block_size * spec.layer_bytes_per_token()
+    kinds = spec.kinds()
+    counts = {k: kinds.count(k) for k in (FULL, SLIDING) if k in kinds}
+    if len(counts) == 1 or not hybrid:
+        kind = next(iter(counts)) if len(counts) == 1 else FULL
+        return VllmLayout(page, spec.num_layers, (VllmGroup(kind, spec.num_layers),), block_size, spec.sliding_window)
+    lo, hi = min(counts.values()), max(counts.values())
+    group_size = hi if hi < lo * 1.5 else lo
+    groups = []
+    for kind in dict.fromkeys(kinds):  # first-seen order, as vLLM's dict of specs
+        n = counts[kind]
+        ngroups = math.ceil(n / group_size)
+        groups += [VllmGroup(kind, len(range(i, n, ngroups))) for i in range(ngroups)]
+    return VllmLayout(page, group_size, tuple(groups), block_size, spec.sliding_window)
+
+
+def vllm_num_blocks(available_kv_bytes: int | list[int], spec: KVSpec | list[KVSpec], *, block_size: int = 16,
+                    hybrid: bool = True) -> int:
+    """``available // page // group_size`` (``get_num_blocks``). Lists give one entry per
+    worker (e.g. pipeline stages, :func:`vllm_pp_layer_split`); the minimum wins."""
+    avail = available_kv_bytes if isinstance(available_kv_bytes, list) else [available_kv_bytes]
+    specs = spec if isinstance(spec, list) else [spec] * len(avail)
+    if len(specs) != len(avail):
+        raise KVConfigError(f"{len(avail)} memory values for {len(specs)} worker specs")
+    blocks = []
+    for a, s in zip(avail, specs, strict=True):
+        lay = vllm_layout(s, block_size=block_size, hybrid=hybrid)
+        blocks.append(max(int(a) // lay.page_bytes // lay.group_size, 0))
+    return min(blocks)
+
+
+def vllm_blocks_per_request(spec: KVSpec, max_model_len: int, *, block_size: int = 16, hybrid: bool = True,
+                            max_num_batched_tokens: int = 8192) -> int:
+    """Block ids one request of ``max_model_len`` tokens takes, summed over groups:
+    full ``cdiv(M, block_size)``; sliding ``cdiv(min(window - 1 + T, M), block_size) + 1``
+    with T = ``max_num_batched_tokens``. Its default (``vllm/engine/arg_utils.py``
+    ``get_batch_defaults``): ``vllm serve`` 8192 on GPUs of 70 GiB or more other than A100,
+    else 2048; the offline ``LLM`` class 16384 or 8192. The startup line ``Chunked prefill
+    is enabled with max_num_batched_tokens=...`` gives it."""
+    _check_positive(max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens)
+    lay = vllm_layout(spec, block_size=block_size, hybrid=hybrid)
+    total = 0
+    for g in lay.groups:
+        if g.kind == SLIDING:
+            tokens = min(lay.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+            total += math.ceil(tokens / block_size) + 1
+        else:
+            total += math.ceil(max_model_len / block_size)
+    return total
+
+
+def vllm_request_bytes(spec: KVSpec, max_model_len: int, **kw) -> int:
+    """KV memory vLLM requires for one request of ``max_model_len`` tokens, the number in
+    its ``(X GiB KV cache is needed, ...)`` error (``_max_memory_usage_bytes_from_groups``)."""
+    lay = vllm_layout(spec, block_size=kw.get("block_size", 16), hybrid=kw.get("hybrid", True))
+    return vllm_blocks_per_request(spec, max_model_len, **kw) * lay.bytes_per_block
+
+
+def vllm_max_concurrency(num_blocks: int, spec: KVSpec, max_model_len: int, *, block_size: int = 16,
+                         hybrid: bool = True, max_num_batched_tokens: int = 8192, formula: str = "blocks") -> float:
+    """``Maximum concurrency for M tokens per request: C x`` (printed ``%.2f``).
+
+    ``formula="blocks"`` (PR #19029 onward): ``num_blocks / blocks_per_request``;
+    ``"tokens"`` (v0, and v1 before it): ``num_blocks x block_size / max_model_len``."""
+    _check_nonneg(num_blocks=num_blocks)
+    if formula == "tokens":
+        _check_positive(max_model_len=max_model_len)
+        return num_blocks * block_size / max_model_len
+    if formula != "blocks":
+        raise KVConfigError(f"concurrency formula must be one of {CONCURRENCY_FORMULAS}, got {formula!r}")
+    return num_blocks / vllm_blocks_per_request(spec, max_model_len, block_size=block_size, hybrid=hybrid,
+                                                max_num_batched_tokens=max_num_batched_tokens)
+
+
+def vllm_kv_tokens(num_blocks: int, spec: KVSpec, *, block_size: int = 16, hybrid: bool = True,
+                   formula: str = "groups", max_model_len: int | None = None, max_num_batched_tokens: int = 8192) -> int:
+    """``GPU KV cache size: N tokens``; ``formula`` is one of :data:`TOKEN_FORMULAS` (see
+    the module docstring). ``"concurrency"`` needs ``max_model_len``."""
+    _check_nonneg(num_blocks=num_blocks)
+    if formula == "blocks":
+        return num_blocks * block_size
+    if formula == "groups":
+        return num_blocks // len(vllm_layout(spec, block_size=block_size, hybrid=hybrid).groups) * block_size
+    if formula == "concurrency":
+        if max_model_len is None:
+            raise KVConfigError("the 'concurrency' token formula needs max_model_len")
+        conc = vllm_max_concurrency(num_blocks, spec, max_model_len, block_size=block_size, hybrid=hybrid,
+                                    max_num_batched_tokens=max_num_batched_tokens)
+        return int(conc * max_model_len)
+    raise KVConfigError(f"token formula must be one of {TOKEN_FORMULAS}, got {formula!r}")
+
+
+def vllm_estimate_max_model_len(available_kv_bytes: int, spec: KVSpec, max_model_len: int, **kw) -> int:
+    """The longest ``max_model_len`` whose one request fits (vLLM's binary search in
+    ``estimate_max_model_len``; the ``estimated maximum model length is N`` error); 0 if
+    not even one token fits."""
+    if vllm_request_bytes(spec, 1, **kw) > available_kv_bytes:
+        return 0
+    lo, hi, best = 1, max_model_len, 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if vllm_request_bytes(spec, mid, **kw) <= available_kv_bytes:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def vllm_pp_layer_split(num_layers: int, pp_size: int) -> list[int]:
+    """Layers per pipeline stage, as ``vllm/distributed/utils.py`` ``get_pp_indices``:
+    an even split, remainders to the stages before the last (27 layers, PP 2: [14, 13])."""
+    _check_positive(num_layers=num_layers, pp_size=pp_size)
+    parts = [num_layers // pp_size] * pp_size
+    for i in range(2, num_layers % pp_size + 2):
+        parts[-i] += 1
+    return parts
+
+
+def vllm_available_kv_bytes(total_gpu_bytes: float, weights_bytes: float, *, gpu_memory_utilization: float = 0.9,
+                            activation_bytes: float = 0.0, non_torch_bytes: float = 0.0) -> int:
+    """An estimate of what vLLM's profiling run measures: total x utilization - weights -
+    activation peak - non-torch memory (``gpu_worker.py``). Activation and non-torch
+    memory are only known after a run; leaving them 0 gives an upper bound."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise KVConfigError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    _check_nonneg(total_gpu_bytes=total_gpu_bytes, weights_bytes=weights_bytes, activation_bytes=activation_bytes,
+                  non_torch_bytes=non_torch_bytes)
+    requested = total_gpu_bytes * gpu_memory_utilization
+    used = weights_bytes + activation_bytes + non_torch_bytes
+    if requested <= used:
+        raise KVConfigError(f"GPU memory x utilization ({requested / GIB:.2f} GiB) is not larger than weights + "
+                            f"activation + non-torch memory ({used / GIB:.2f} GiB): nothing is left for the KV cache")
+    return int(requested - used)
+
+
+def gib_print_range(gib: float, decimals: int = 2) -> tuple[int, int]:
+    """Bytes ``[lo, hi]`` whose ``%.{decimals}f`` GiB print equals ``gib`` (half a unit in
+    the last place either side, inclusive, so float ties cannot fall outside)."""
+    half = 0.5 * 10.0**-decimals
+    return math.floor((gib - half) * GIB), math.ceil((gib + half) * GIB)
+
+
+@dataclass(frozen=True)
+class VllmPlan:
+    """Everything the calculator reports for one GPU (one worker)."""
+
+    bytes_per_token: int  # whole model
+    bytes_per_token_per_gpu: int
+    page_bytes: int
+    block_size: int
+    num_groups: int
+    group_size: int
+    available_kv_bytes: int | None
+    num_blocks: int | None
+    kv_tokens: int | None
+    max_model_len: int
+    blocks_per_request: int
+    request_bytes: int
+    max_concurrency: float | None
+    batch: int
+    batch_kv_bytes_needed: int  # vLLM blocks for `batch` requests of max_model_len, one GPU
+    batch_kv_bytes_unpaged: int  # kv_cache_bytes for the same, whole model
+    fits: bool | None
+    tensor_parallel_size: int = 1
+    token_formula: str = "groups"
+    concurrency_formula: str = "blocks"
+
+
+def vllm_plan(spec: KVSpec, max_model_len: int, available_kv_bytes: int | None = None, *, batch: int = 1,
+              block_size: int = 16, tensor_parallel_size: int = 1, hybrid: bool = True,
+              max_num_batched_tokens: int = 8192, token_formula: str = "groups",
+              concurrency_formula: str = "blocks") -> VllmPlan:
+    """Blocks, tokens and concurrency on one GPU with ``available_kv_bytes`` free for KV."""
+    _check_positive(batch=batch, max_model_len=max_model_len)
+    gpu = spec.per_gpu(tensor_parallel_size)
+    kw = dict(block_size=block_size, hybrid=hybrid, max_num_batched_tokens=max_num_batched_tokens)
+    lay = vllm_layout(gpu, block_size=block_size, hybrid=hybrid)
+    per_req = vllm_blocks_per_request(gpu, max_model_len, **kw)
+    blocks = tokens = conc = fits = None
+    if available_kv_bytes is not None:
+        _check_nonneg(available_kv_bytes=available_kv_bytes)
+        blocks = vllm_num_blocks(int(available_kv_bytes), gpu, block_size=block_size, hybrid=hybrid)
+        tokens = vllm_kv_tokens(blocks, gpu, formula=token_formula, max_model_len=max_model_len, **kw)
+        conc = vllm_max_concurrency(blocks, gpu, max_model_len, formula=concurrency_formula, **kw)
+        fits = batch * per_req <= blocks
+    return VllmPlan(bytes_per_token(spec), bytes_per_token(gpu), lay.page_bytes, block_size, len(lay.groups),
+                    lay.group_size, None if available_kv_bytes is None else int(available_kv_bytes), blocks, tokens,
+                    max_model_len, per_req, per_req * lay.bytes_per_block, conc, batch,
+                    batch * per_req * lay.bytes_per_block, kv_cache_bytes(spec, batch, max_model_len), fits,
+                    tensor_parallel_size, token_formula, concurrency_formula)
+
+
+# ---------------------------------------------------------------- vLLM startup logs
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_NUM = r"(\d{1,3}(?:,\d{3})+|\d+)"  # 2,042,016 or 2042016
+_PATTERNS = {
+    "available_kv_gib": re.compile(r"Available KV cache memory:\s*([\d.]+)\s*GiB"),
+    "available_v0_gib": re.compile(r"(?:kv_cache_size=|reserved for KV Cache is\s*)([\d.]+)\s*GiB"),
+    "gpu_blocks": re.compile(r"GPU blocks:\s*" + _NUM + r"(?:,\s*#?\s*CPU blocks:\s*" + _NUM + ")?"),
+    "kv_cache_tokens": re.compile(r"GPU KV cache size:\s*" + _NUM + r"\s*tokens"),
+    "concurrency": re.compile(r"Maximum concurrency for\s*" + _NUM + r"\s*tokens per request:\s*([\d.]+)\s*x"),
+    "needed": re.compile(r"\(([\d.]+)\s*GiB KV cache is needed"),
+    "estimated": re.compile(r"estimated maximum model length is\s*" + _NUM),
+    "max_tokens_v0": re.compile(r"maximum number of tokens that can be stored in KV cache \(" + _NUM + r"\)"),
+}
+
+
+@dataclass(frozen=True)
+class VllmLogSummary:
+    """The KV-cache numbers of a vLLM startup log, in order of appearance (one per worker
+    where each worker logs its own). ``available_kv_gib`` includes the v0 engine's
+    ``kv_cache_size=X GiB`` and ``the rest of the memory reserved for KV Cache is X GiB``."""
+
+    available_kv_gib: tuple[float, ...] = ()
+    gpu_blocks: tuple[int, ...] = ()
+    cpu_blocks: tuple[int, ...] = ()
+    kv_cache_tokens: tuple[int, ...] = ()
+    concurrency: tuple[tuple[int, float], ...] = ()  # (tokens per request, C)
+    concurrency_text: tuple[str, ...] = ()  # C exactly as printed, e.g. "2.31"
+    kv_needed_gib: tuple[float, ...] = ()
+    estimated_max_model_len: tuple[int, ...] = ()
+    max_tokens_in_kv_cache: tuple[int, ...] = ()  # v0 error "... stored in KV cache (N)"
+
+    @property
+    def min_available_kv_gib(self) -> float | None:
+        """The smallest worker's value: vLLM sizes every worker to the smallest pool."""
+        return min(self.available_kv_gib) if self.available_kv_gib else None
+
+    @property
+    def kv_tokens(self) -> int | None:
+        return self.kv_cache_tokens[0] if self.kv_cache_tokens else None
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.concurrency[0][0] if self.concurrency else None
+
+    @property
+    def max_concurrency(self) -> float | None:
+        return self.concurrency[0][1] if self.concurrency else None
+
+
+def parse_vllm_log(text: str) -> VllmLogSummary:
+    """Parse a vLLM startup log (v0 ``# GPU blocks: N, # CPU blocks: M`` or v1
+    ``Available KV cache memory`` / ``GPU KV cache size`` / ``Maximum concurrency``).
+
+    Tolerates ANSI colours, any prefix (``INFO 05-02 10:11:12 [kv_cache_utils.py:634]``,
+    ``(EngineCore_0 pid=123)``, ``(VllmWorker rank=1 pid=7)``, structured ``msg="..."``)
+    and several workers; numbers may carry thousands commas."""
+    out: dict[str, list] = {k: [] for k in ("avail", "gpu", "cpu", "tokens", "conc", "conc_text", "needed", "est", "maxtok")}
+    for line in _ANSI.sub("", text).splitlines():
+        if m := _PATTERNS["available_kv_gib"].search(line) or _PATTERNS["available_v0_gib"].search(line):
+            out["avail"].append(float(m.group(1)))
+        if m := _PATTERNS["gpu_blocks"].search(line):
+            out["gpu"].append(_int(m.group(1)))
+            if m.group(2):
+                out["cpu"].append(_int(m.group(2)))
+        if m := _PATTERNS["kv_cache_tokens"].search(line):
+            out["tokens"].append(_int(m.group(1)))
+        if m := _PATTERNS["concurrency"].search(line):
+            out["conc"].append((_int(m.group(1)), float(m.group(2))))
+            out["conc_text"].append(m.group(2))
+        if m := _PATTERNS["needed"].search(line):
+            out["needed"].append(float(m.group(1)))
+        if m := _PATTERNS["estimated"].search(line):
+            out["est"].append(_int(m.group(1)))
+        if m := _PATTERNS["max_tokens_v0"].search(line):
+            out["maxtok"].append(_int(m.group(1)))
+    return VllmLogSummary(tuple(out["avail"]), tuple(out["gpu"]), tuple(out["cpu"]), tuple(out["tokens"]),
+                          tuple(out["conc"]), tuple(out["conc_text"]), tuple(out["needed"]), tuple(out["est"]),
+                          tuple(out["maxtok"]))
+
+
+def _int(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+def _check_positive(**values):
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise KVConfigError(f"{k} must be a positive number, got {v!r}")
+
+
+def _check_nonneg(**values):
+    for k, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise KVConfigError(f"{k} must be a non-negative number, got {v!r}")
+
+
+# ---------------------------------------------------------------- command line
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, as argparse but without the usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m utils.kvcache", description="KV-cache size per token and vLLM's block, token and "
+                "concurrency arithmetic, from a Hugging Face config.json or from numbers.")
+    src = p.add_argument_group("model (a config, or the three numbers)")
+    src.add_argument("--config", type=Path, help="Hugging Face config.json")
+    src.add_argument("--layers", type=int, help="decoder layers")
+    src.add_argument("--kv-heads", type=int, help="KV heads (1 for MQA, = attention heads for MHA)")
+    src.add_argument("--head-dim", type=int, help="head dimension")
+    src.add_argument("--sliding-window", type=int, help="every layer attends to this many tokens (overrides the config)")
+    p.add_argument("--kv-dtype", choices=["bf16", "fp16", "fp32", "fp8"], help="KV cache dtype (default: the config's, else bf16)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    p.add_argument("--max-model-len", type=int, help="tokens per request (default: the config's max_position_embeddings)")
+    p.add_argument("--batch", type=int, default=1, help="requests of --max-model-len to check for fit (default 1)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs splitting the KV heads (default 1)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="scheduler token budget, for sliding layers (default 8192)")
+    p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                   help="allocate sliding layers of a mixed model as full attention (vLLM's flag; also vLLM before its hybrid allocator)")
+    mem = p.add_argument_group("memory (per GPU; give --kv-memory-gib, or --gpu-memory-gib with --weights-gib)")
+    mem.add_argument("--kv-memory-gib", type=float, help="available KV memory, as vLLM logs it")
+    mem.add_argument("--gpu-memory-gib", type=float, help="total GPU memory")
+    mem.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction vLLM may use (default 0.9)")
+    mem.add_argument("--weights-gib", type=float, help="model weights on this GPU")
+    mem.add_argument("--activation-gib", type=float, default=None, help="activation peak estimate (default: not subtracted)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def _spec_from_args(args, p) -> KVSpec:
+    numbers = (args.layers, args.kv_heads, args.head_dim)
+    if args.config is not None:
+        if any(v is not None for v in numbers):
+            p.error("give --config or --layers/--kv-heads/--head-dim, not both")
+        spec = from_hf_config(args.config, kv_dtype=args.kv_dtype)
+        if args.sliding_window is not None:
+            spec = replace(spec, sliding_window=args.sliding_window, layer_types=None)
+        return spec
+    if any(v is None for v in numbers):
+        p.error("give --config PATH, or all of --layers, --kv-heads and --head-dim")
+    return KVSpec(args.layers, args.kv_heads, args.head_dim, dtype_bytes(args.kv_dtype or "bf16"),
+                  sliding_window=args.sliding_window)
+
+
+def _available_from_args(args, p) -> tuple[int | None, str]:
+    if args.kv_memory_gib is not None:
+        if args.gpu_memory_gib is not None or args.weights_gib is not None:
+            p.error("give --kv-memory-gib, or --gpu-memory-gib with --weights-gib, not both")
+        _check_nonneg(kv_memory_gib=args.kv_memory_gib)
+        return int(args.kv_memory_gib * GIB), "given"
+    if args.gpu_memory_gib is None:
+        if args.weights_gib is not None or args.activation_gib is not None:
+            p.error("--weights-gib and --activation-gib need --gpu-memory-gib")
+        return None, "not given"
+    if args.weights_gib is None:
+        p.error("--gpu-memory-gib needs --weights-gib (the model weights on one GPU)")
+    act = args.activation_gib or 0.0
+    avail = vllm_available_kv_bytes(args.gpu_memory_gib * GIB, args.weights_gib * GIB,
+                                    gpu_memory_utilization=args.gpu_memory_utilization, activation_bytes=act * GIB)
+    how = (f"ESTIMATE: {args.gpu_memory_gib:g} x {args.gpu_memory_utilization:g} - {args.weights_gib:g} weights"
+           + (f" - {act:g} activation" if args.activation_gib is not None else
+              "; activation peak not subtracted, so an upper bound"))
+    return avail, how
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _build_parser()
+    args = p.parse_args(argv)
+    try:
+        for name in ("block_size", "batch", "tensor_parallel_size", "max_num_batched_tokens"):
+            _check_positive(**{name.replace("_", "-"): getattr(args, name)})
+        for name in ("kv_memory_gib", "gpu_memory_gib", "weights_gib", "activation_gib", "max_model_len",
+                     "layers", "kv_heads", "head_dim", "sliding_window"):
+            v = getattr(args, name)
+            if v is not None and v < 0:
+                p.error(f"--{name.replace('_', '-')} must not be negative, got {v:g}")
+        if not 0 < args.gpu_memory_utilization <= 1:
+            p.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization:g}")
+        spec = _spec_from_args(args, p)
+        if args.max_model_len == 0:
+            p.error("--max-model-len must be positive, got 0")
+        max_len = args.max_model_len or spec.max_position_embeddings
+        if not max_len:
+            p.error("--max-model-len is required (the config gives no max_position_embeddings)")
+        avail, how = _available_from_args(args, p)
+        plan = vllm_plan(spec, max_len, avail, batch=args.batch, block_size=args.block_size,
+                         tensor_parallel_size=args.tensor_parallel_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                         hybrid=not args.disable_hybrid_kv_cache_manager)
+    except KVConfigError as e:
+        p.error(str(e))
+    if args.json:
+        out = asdict(plan) | {"attention": spec.attention, "num_layers": spec.num_layers,
+                              "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+                              "kv_dtype_bytes": spec.dtype_bytes, "available_kv_source": how}
+        print(json.dumps(out, indent=2))
+        return 0
+    print(_table(spec, plan, how))
+    return 0
+
+
+def _table(spec: KVSpec, plan: VllmPlan, how: str) -> str:
+    def gib(b):
+        return f"{b / GIB:,.2f} GiB"
+
+    window = f", sliding window {spec.sliding_window}" if spec.sliding_window else ""
+    head = (f"{spec.model_type or 'model'}: {spec.attention}, {spec.num_layers} layers x {spec.num_kv_heads} KV heads x "
+            f"{spec.head_dim} head dim x {spec.dtype_bytes} B{window}")
+    rows = [("KV bytes per token", f"{plan.bytes_per_token:,} ({plan.bytes_per_token / 1024:,.1f} KiB)"),
+            (f"  per GPU (TP {plan.tensor_parallel_size})", f"{plan.bytes_per_token_per_gpu:,}"),
+            (f"page (1 layer, {plan.block_size} tokens)", f"{plan.page_bytes:,} B; {plan.num_groups} group(s) of {plan.group_size} layers"),
+            (f"one request of {plan.max_model_len:,} tokens", f"{plan.blocks_per_request:,} blocks, {gib(plan.request_bytes)}")]
+    if plan.num_blocks is None:
+        rows.append(("available KV memory", "not given (--kv-memory-gib or --gpu-memory-gib)"))
+    else:
+        rows += [("available KV memory", f"{gib(plan.available_kv_bytes)} ({how})"),
+                 ("vLLM blocks", f"{plan.num_blocks:,}"),
+                 ("GPU KV cache size", f"{plan.kv_tokens:,} tokens"),
+                 (f"max concurrency @ {plan.max_model_len:,}", f"{plan.max_concurrency:.2f}x")]
+    verdict = "" if plan.fits is None else ("  fits" if plan.fits else "  does NOT fit")
+    rows.append((f"batch {plan.batch} x {plan.max_model_len:,} tokens", f"{gib(plan.batch_kv_bytes_needed)} per GPU{verdict}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([head] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
