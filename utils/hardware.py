@@ -115,7 +115,7 @@ def current_spec(device_index: int = 0) -> GpuSpec:
     return GpuSpec(name, "gpu", None, None, None, None, round(mem_gb, 1), None, "unknown", "not in the spec table")
 
 
-def _nvml_handle_for_torch(device_index: int) -> Any:
+def nvml_handle_for_torch(device_index: int) -> Any:
     """NVML's handle for torch device ``device_index``, matched by PCI bus id so that
     CUDA_VISIBLE_DEVICES reordering cannot pair the wrong cards."""
     import torch
@@ -216,7 +216,7 @@ def fingerprint(device_index: int = 0) -> dict:
         nvml=st.available,
     )
     if st.available:
-        fp.update(nvml_fingerprint(_nvml_handle_for_torch(device_index)))
+        fp.update(nvml_fingerprint(nvml_handle_for_torch(device_index)))
     return fp
 
 
