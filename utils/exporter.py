@@ -1,0 +1,562 @@
+"""A Prometheus exporter of NVML metrics under dcgm-exporter's names, units and labels.
+
+``python -m utils.exporter --port 9400 [--host 0.0.0.0] [--interval-s 1]`` serves
+``/metrics`` (Prometheus text format 0.0.4) and ``/health``; ``--dump-json FILE`` takes two
+readings, writes them as JSON and exits (a one-off check on a GPU machine). Dashboards
+and alerts written for NVIDIA's dcgm-exporter (Grafana dashboard 12239) read it
+unchanged, on machines where DCGM is not installed (Colab, Kaggle, a workstation) but
+NVML is.
+
+Names, types and units follow dcgm-exporter's ``etc/default-counters.csv`` (NVIDIA/
+dcgm-exporter; ``DCGM FIELD, Prometheus metric type, help``): every metric below is a
+gauge except ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, a counter in mJ. The tensor metric
+is from ``etc/dcp-metrics-included.csv`` (a gauge, a ratio 0..1). Labels are dcgm-
+exporter's (``internal/pkg/rendermetrics/render_metrics.go``): ``gpu`` (NVML index),
+``UUID``, ``pci_bus_id``, ``device`` (``nvidia<minor>``), ``modelName``, ``Hostname``
+(``$NODE_NAME`` as its Helm chart sets it, else the host name), and ``container``,
+``namespace``, ``pod`` when ``$CONTAINER_NAME``, ``$POD_NAMESPACE`` or ``$POD_NAME`` is
+set (the exporter as a sidecar of the pod that holds the GPU; dcgm-exporter finds them
+through the kubelet's pod-resources socket instead).
+
+Where NVML differs from DCGM:
+
+- ``DCGM_FI_DEV_FB_USED`` is NVML's ``memory.used`` (v1 memory info: reserved memory
+  counts as used); DCGM reports reserved memory in a separate field.
+- ``DCGM_FI_DEV_XID_ERRORS`` is the last XID seen through NVML's critical-XID events since
+  the exporter started (0 until one arrives); absent where events cannot be registered.
+- ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` comes from NVML GPM's
+  ``NVML_GPM_METRIC_ANY_TENSOR_UTIL`` / 100 over one sampling interval: Hopper and newer
+  only, whole GPUs only (not MIG), and similar to DCGM's HMMA-pipe ratio, not the same
+  counter. Absent elsewhere (T4, A100, L4, ...).
+
+Design. NVML is read by a background thread every ``interval_s`` into a snapshot that
+``collect()`` serves, rather than at scrape time, because (1) GPM tensor activity and XID
+events are differences over time and need state kept between reads anyway; (2) a scrape
+then never waits on the driver: a hung NVML call (a known failure of a GPU that fell off
+the bus) leaves the thread stuck, and the scrape still answers, reporting
+``gpulab_exporter_nvml_up 0`` and dropping stale values after ``stale_after_s``; (3) two
+Prometheus replicas scraping do not double the NVML load. dcgm-exporter works the same way
+(its ``--collect-interval``). The cost is values up to one interval old; NVML itself only
+refreshes every 1/6 to 1 s (REFERENCE.md), so 1 s loses little.
+
+Self-metrics: ``gpulab_exporter_nvml_up`` (1: NVML answered the last refresh, in time),
+``gpulab_exporter_nvml_errors_total{call}`` (failed NVML calls, by function; a field the
+GPU does not support counts on every refresh and its metric is left out),
+``gpulab_exporter_gpus`` and ``gpulab_exporter_sample_age_seconds``. Without NVML at all
+the exporter says so once on stderr and serves only these.
+
+prometheus_client writes a counter's ``# TYPE`` line as ``<name>_total``; dcgm-exporter's
+energy counter has no ``_total`` suffix, so :func:`render` renames that one header to match
+its sample (the Prometheus text format allows counters without the suffix). This is why the
+server here is a small ``http.server`` rather than ``prometheus_client.start_http_server``,
+which would also offer OpenMetrics, where a counter must end in ``_total``.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from utils import nvml
+from utils.nvml import NA
+
+MIB = 2**20
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the format dcgm-exporter serves
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str  # "gauge" or "counter", as in dcgm-exporter's CSV
+    help: str
+
+
+GPU_UTIL = MetricSpec("DCGM_FI_DEV_GPU_UTIL", "gauge",
+                      "GPU utilization (in %): share of NVML's last sample period with a kernel running.")
+MEM_COPY_UTIL = MetricSpec("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge",
+                           "Memory utilization (in %): share of the sample period with device memory read or written.")
+FB_USED = MetricSpec("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).")
+FB_FREE = MetricSpec("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).")
+POWER = MetricSpec("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).")
+ENERGY = MetricSpec("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+                    "Total energy consumption since the driver loaded (in mJ).")
+GPU_TEMP = MetricSpec("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).")
+SM_CLOCK = MetricSpec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).")
+MEM_CLOCK = MetricSpec("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).")
+XID = MetricSpec("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error seen since the exporter started.")
+TENSOR_ACTIVE = MetricSpec("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge",
+                           "Ratio of time the SMs ran tensor-core work (NVML GPM ANY_TENSOR_UTIL / 100; Hopper+).")
+DCGM_METRICS = (GPU_UTIL, MEM_COPY_UTIL, FB_USED, FB_FREE, POWER, ENERGY, GPU_TEMP, SM_CLOCK,
+                MEM_CLOCK, XID, TENSOR_ACTIVE)
+
+LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+K8S_ENV = {"container": "CONTAINER_NAME", "namespace": "POD_NAMESPACE", "pod": "POD_NAME"}
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _short(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
+
+
+def _is_timeout(lib: Any, exc: BaseException) -> bool:
+    timeout_cls = getattr(lib, "NVMLError_Timeout", None)
+    if isinstance(timeout_cls, type) and isinstance(exc, timeout_cls):
+        return True
+    return getattr(exc, "value", None) == getattr(lib, "NVML_ERROR_TIMEOUT", 10)
+
+
+def kubernetes_labels(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``container``/``namespace``/``pod`` from the environment (downward API), or {} if none
+    is set. When any is set all three are given, empty where unset, as dcgm-exporter does."""
+    environ = os.environ if environ is None else environ
+    found = {label: environ.get(var, "") for label, var in K8S_ENV.items()}
+    return found if any(found.values()) else {}
+
+
+class NvmlExporter(Collector):
+    """A prometheus_client collector of NVML metrics (nvitop's
+    ``PrometheusExporter(devices, *, registry=REGISTRY, interval=1.0)`` pattern).
+
+    ``devices``: NVML indices to export (None: all). ``registry``: where to register (None:
+    nowhere; tests pass a fresh ``CollectorRegistry``). ``start()`` runs the sampling thread;
+    ``refresh()`` takes one sample now (the thread calls it; so can tests). ``clock`` and
+    ``log`` come in as parameters so tests control time and capture messages."""
+
+    def __init__(self, devices: Sequence[int] | None = None, *, registry: CollectorRegistry | None = REGISTRY,
+                 interval_s: float = 1.0, hostname: str | None = None,
+                 k8s_labels: dict[str, str] | None = None, stale_after_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = _stderr):
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.devices = None if devices is None else list(devices)
+        self.interval_s = float(interval_s)
+        self.stale_after_s = float(stale_after_s) if stale_after_s is not None else max(5 * self.interval_s, 5.0)
+        self.hostname = hostname or os.environ.get("NODE_NAME") or socket.gethostname()
+        self.k8s_labels = kubernetes_labels() if k8s_labels is None else dict(k8s_labels)
+        self._clock, self._log = clock, log
+        self._lock = threading.Lock()
+        self._errors: dict[str, int] = {}
+        self._logged: set[str] = set()
+        self._snapshot: list[tuple[dict[str, str], dict[str, float]]] = []
+        self._sampled_at: float | None = None
+        self._up = False
+        self._static: dict[int, dict[str, str]] = {}
+        self._gpm: dict[int, dict[str, Any]] = {}
+        self._xid: dict[int, int] = {}
+        self._event_set: Any = None
+        self._events_tried = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if registry is not None:
+            registry.register(self)
+
+    # -- NVML calls, counted ------------------------------------------------------------
+    def _count(self, call: str, why: str) -> None:
+        with self._lock:
+            self._errors[call] = self._errors.get(call, 0) + 1
+        if call not in self._logged:
+            self._logged.add(call)
+            self._log(f"exporter: {call} failed ({why}); its metric is left out "
+                      "(counted in gpulab_exporter_nvml_errors_total)")
+
+    def _call(self, call: str, fn: Callable[[Any], Any], *, count: bool = True, timeout_ok: bool = False) -> Any:
+        """``fn(lib)`` through :func:`utils.nvml.query`; a failure returns NA and is counted
+        under ``call``. A timeout returns None when ``timeout_ok`` (event polling)."""
+        failure: list[BaseException] = []
+
+        def run(lib: Any) -> Any:
+            try:
+                return fn(lib)
+            except Exception as exc:  # pynvml.NVMLError and anything a broken driver throws
+                if timeout_ok and _is_timeout(lib, exc):
+                    return None
+                failure.append(exc)
+                return NA
+
+        value = nvml.query(run)
+        if value is NA and count:
+            self._count(call, _short(failure[0]) if failure else "NVML unavailable")
+        return value
+
+    def _get(self, name: str, *args: Any, count: bool = True) -> Any:
+        return self._call(name, lambda lib: getattr(lib, name)(*args), count=count)
+
+    # -- sampling -----------------------------------------------------------------------
+    def _static_labels(self, index: int, h: Any) -> dict[str, str]:
+        if index in self._static:
+            return self._static[index]
+        uuid, name = self._get("nvmlDeviceGetUUID", h), self._get("nvmlDeviceGetName", h)
+        pci, minor = self._get("nvmlDeviceGetPciInfo", h), self._get("nvmlDeviceGetMinorNumber", h)
+        labels = {
+            "gpu": str(index),
+            "UUID": "" if uuid is NA else _text(uuid),
+            "pci_bus_id": "" if pci is NA else _text(getattr(pci, "busId", "")),
+            "device": "" if minor is NA else f"nvidia{minor}",
+            "modelName": "" if name is NA else _text(name),
+            "Hostname": self.hostname,
+            **self.k8s_labels,
+        }
+        if NA not in (uuid, name, pci, minor):
+            self._static[index] = labels
+        return labels
+
+    def _setup_events(self, handles: dict[int, Any]) -> None:
+        """Register every GPU for critical-XID events, once; a GPU that refuses has no XID metric."""
+        self._events_tried = True
+        es = self._get("nvmlEventSetCreate")
+        if es is NA:
+            return
+        self._event_set = es
+        xid_type = nvml.constant("nvmlEventTypeXidCriticalError", 0x8)
+        for index, h in handles.items():
+            if self._get("nvmlDeviceRegisterEvents", h, xid_type, es) is not NA:
+                self._xid[index] = 0
+
+    def _drain_events(self) -> None:
+        xid_type = nvml.constant("nvmlEventTypeXidCriticalError", 0x8)
+        es = self._event_set
+        for _ in range(256):  # bounded: a storm of events cannot stall the refresh
+            data = self._call("nvmlEventSetWait", lambda lib: lib.nvmlEventSetWait(es, 0), timeout_ok=True)
+            if data is None or data is NA:
+                return
+            if not int(getattr(data, "eventType", 0)) & int(xid_type):
+                continue
+            index = self._get("nvmlDeviceGetIndex", data.device)
+            if index is not NA and index in self._xid:
+                self._xid[index] = int(data.eventData)
+
+    def _tensor_active(self, index: int, h: Any) -> float | None:
+        """GPM ANY_TENSOR_UTIL between the previous and this refresh, as a ratio; None when
+        GPM is unsupported (checked once) or this is the first sample."""
+        state = self._gpm.get(index)
+        if state is None:
+            support = self._get("nvmlGpmQueryDeviceSupport", h, count=False)
+            ok = support is not NA and bool(getattr(support, "isSupportedDevice", 0))
+            samples = [self._get("nvmlGpmSampleAlloc") for _ in range(2)] if ok else []
+            ok = ok and NA not in samples
+            state = self._gpm[index] = {"ok": ok, "samples": samples, "turn": 0, "have_prev": False}
+        if not state["ok"]:
+            return None
+        cur = state["samples"][state["turn"]]
+        prev = state["samples"][1 - state["turn"]]
+        if self._get("nvmlGpmSampleGet", h, cur) is NA:
+            state["ok"] = False  # e.g. MIG mode, where GPM wants per-instance samples
+            return None
+        state["turn"] = 1 - state["turn"]
+        if not state["have_prev"]:
+            state["have_prev"] = True
+            return None
+
+        def metrics_get(lib: Any) -> float:
+            mg = lib.c_nvmlGpmMetricsGet_t()
+            mg.version = lib.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = 1
+            mg.sample1, mg.sample2 = prev, cur
+            mg.metrics[0].metricId = lib.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+            lib.nvmlGpmMetricsGet(mg)
+            if mg.metrics[0].nvmlReturn != 0:
+                raise RuntimeError(f"GPM metric returned NVML status {mg.metrics[0].nvmlReturn}")
+            return float(mg.metrics[0].value)
+
+        pct = self._call("nvmlGpmMetricsGet", metrics_get)
+        return None if pct is NA else pct / 100.0
+
+    def _sample_gpu(self, index: int, h: Any) -> tuple[dict[str, str], dict[str, float]]:
+        values: dict[str, float] = {}
+        util = self._get("nvmlDeviceGetUtilizationRates", h)
+        if util is not NA:
+            values[GPU_UTIL.name], values[MEM_COPY_UTIL.name] = float(util.gpu), float(util.memory)
+        mem = self._get("nvmlDeviceGetMemoryInfo", h)
+        if mem is not NA:
+            values[FB_USED.name], values[FB_FREE.name] = float(mem.used // MIB), float(mem.free // MIB)
+        power_mw = self._get("nvmlDeviceGetPowerUsage", h)
+        if power_mw is not NA:
+            values[POWER.name] = power_mw / 1000.0
+        energy_mj = self._get("nvmlDeviceGetTotalEnergyConsumption", h)
+        if energy_mj is not NA:
+            values[ENERGY.name] = float(energy_mj)
+        temp = self._get("nvmlDeviceGetTemperature", h, nvml.constant("NVML_TEMPERATURE_GPU", 0))
+        if temp is not NA:
+            values[GPU_TEMP.name] = float(temp)
+        for spec, clock in ((SM_CLOCK, "NVML_CLOCK_SM"), (MEM_CLOCK, "NVML_CLOCK_MEM")):
+            mhz = self._get("nvmlDeviceGetClockInfo", h, nvml.constant(clock, 1 if clock.endswith("SM") else 2))
+            if mhz is not NA:
+                values[spec.name] = float(mhz)
+        if index in self._xid:
+            values[XID.name] = float(self._xid[index])
+        tensor = self._tensor_active(index, h)
+        if tensor is not None:
+            values[TENSOR_ACTIVE.name] = tensor
+        return self._static_labels(index, h), values
+
+    def refresh(self) -> None:
+        """Read every GPU once and swap the snapshot that scrapes see."""
+        st = nvml.status()
+        if not st.available:
+            if "nvmlInit" not in self._logged:
+                self._logged.add("nvmlInit")
+                with self._lock:
+                    self._errors["nvmlInit"] = self._errors.get("nvmlInit", 0) + 1
+                self._log(f"exporter: NVML unavailable ({st.reason}); serving only gpulab_exporter_* metrics")
+            with self._lock:
+                self._snapshot, self._up, self._sampled_at = [], False, self._clock()
+            return
+        count = self._get("nvmlDeviceGetCount")
+        if count is NA:
+            with self._lock:
+                self._snapshot, self._up, self._sampled_at = [], False, self._clock()
+            return
+        indices = [i for i in (self.devices if self.devices is not None else range(count))]
+        handles = {}
+        for i in indices:
+            h = self._get("nvmlDeviceGetHandleByIndex", i)
+            if h is not NA:
+                handles[i] = h
+        if not self._events_tried:
+            self._setup_events(handles)
+        if self._event_set is not None:
+            self._drain_events()
+        snapshot = [self._sample_gpu(i, h) for i, h in handles.items()]
+        with self._lock:
+            self._snapshot, self._up, self._sampled_at = snapshot, True, self._clock()
+
+    # -- thread -------------------------------------------------------------------------
+    def start(self) -> NvmlExporter:
+        """Sample now and then every ``interval_s`` in a daemon thread."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="nvml-exporter", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.refresh()
+            except Exception as exc:  # never let one bad refresh end the thread
+                self._count("refresh", _short(exc))
+            if self._stop.wait(self.interval_s):
+                return
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the thread and free NVML resources it holds."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        for state in self._gpm.values():
+            for sample in state["samples"]:
+                if sample is not NA:
+                    self._get("nvmlGpmSampleFree", sample, count=False)
+        self._gpm.clear()
+        if self._event_set is not None:
+            self._get("nvmlEventSetFree", self._event_set, count=False)
+            self._event_set, self._events_tried = None, False
+
+    # -- prometheus_client Collector ----------------------------------------------------
+    def _families(self) -> dict[str, Metric]:
+        names = LABELS + tuple(self.k8s_labels)
+        fams: dict[str, Metric] = {}
+        for spec in DCGM_METRICS:
+            if spec.kind == "counter":
+                # Bare name (no _total), as dcgm-exporter: see render().
+                fams[spec.name] = Metric(spec.name, spec.help, "counter")
+            else:
+                fams[spec.name] = GaugeMetricFamily(spec.name, spec.help, labels=names)
+        return fams
+
+    def describe(self) -> Iterable[Metric]:
+        yield from self._families().values()
+        yield GaugeMetricFamily("gpulab_exporter_nvml_up", "")
+        yield CounterMetricFamily("gpulab_exporter_nvml_errors", "", labels=["call"])
+        yield GaugeMetricFamily("gpulab_exporter_gpus", "")
+        yield GaugeMetricFamily("gpulab_exporter_sample_age_seconds", "")
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            snapshot, up, sampled_at, errors = self._snapshot, self._up, self._sampled_at, dict(self._errors)
+        age = None if sampled_at is None else max(0.0, self._clock() - sampled_at)
+        fresh = age is not None and age <= self.stale_after_s
+        fams = self._families()
+        if fresh:
+            for labels, values in snapshot:
+                for name, value in values.items():
+                    fam = fams[name]
+                    if fam.type == "counter":
+                        fam.add_sample(name, labels, value)
+                    else:
+                        fam.add_metric([labels[k] for k in LABELS + tuple(self.k8s_labels)], value)
+        yield from fams.values()
+        yield GaugeMetricFamily("gpulab_exporter_nvml_up",
+                                "1 if NVML answered the last refresh and it is not older than the staleness limit.",
+                                value=1.0 if (up and fresh) else 0.0)
+        err = CounterMetricFamily("gpulab_exporter_nvml_errors", "Failed NVML calls, by NVML function.",
+                                  labels=["call"])
+        for call, n in sorted(errors.items()):
+            err.add_metric([call], float(n))
+        yield err
+        yield GaugeMetricFamily("gpulab_exporter_gpus", "GPUs read in the last fresh refresh.",
+                                value=float(len(snapshot) if fresh else 0))
+        if age is not None:
+            yield GaugeMetricFamily("gpulab_exporter_sample_age_seconds",
+                                    "Seconds since the last completed NVML refresh.", value=age)
+
+
+def render(registry: CollectorRegistry = REGISTRY) -> bytes:
+    """The registry in Prometheus text format 0.0.4, with dcgm-exporter's bare counter
+    names in the ``# HELP``/``# TYPE`` lines (prometheus_client writes ``<name>_total``)."""
+    text = generate_latest(registry).decode()
+    for spec in DCGM_METRICS:
+        if spec.kind == "counter":
+            text = text.replace(f"# HELP {spec.name}_total ", f"# HELP {spec.name} ")
+            text = text.replace(f"# TYPE {spec.name}_total counter\n", f"# TYPE {spec.name} counter\n")
+    return text.encode()
+
+
+class MetricsServer:
+    """``/metrics`` and ``/health`` over HTTP in a daemon thread. Binding errors raise
+    ``OSError`` from the constructor, before any thread starts."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry):
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    status, ctype, body = 200, CONTENT_TYPE, render(registry)
+                elif path == "/health":
+                    status, ctype, body = 200, "text/plain; charset=utf-8", b"OK\n"
+                else:
+                    status, ctype, body = 404, "text/plain; charset=utf-8", b"try /metrics or /health\n"
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:  # one line per scrape would drown the log
+                pass
+
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server_cls = type("Server", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
+        self._httpd = server_cls((host, port), Handler)
+        self.host, self.port = host, self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def bind_error(exc: OSError, host: str, port: int) -> str:
+    """One line saying why the server could not listen, and what to do."""
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve --host {host!r} ({exc.strerror}); use an address such as 127.0.0.1 or 0.0.0.0"
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is already in use (another exporter or dcgm-exporter?); choose another --port"
+    if exc.errno == errno.EACCES:
+        return f"no permission to listen on port {port} (ports below 1024 need root); choose a port >= 1024"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"--host {host} is not an address of this machine; use 127.0.0.1 or 0.0.0.0"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+
+
+def snapshot(interval_s: float = 1.0) -> dict:
+    """Two refreshes ``interval_s`` apart (GPM needs two samples), as served, parsed back:
+    ``{"metrics": {name: [{"labels": {...}, "value": v}, ...]}, "text": exposition}``.
+    For a one-off check on a GPU machine (``--dump-json``) and for tests."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    exp = NvmlExporter(registry=registry, interval_s=interval_s)
+    exp.refresh()
+    time.sleep(interval_s)
+    exp.refresh()
+    text = render(registry).decode()
+    exp.stop()
+    metrics = {f.name: [{"labels": s.labels, "value": s.value} for s in f.samples]
+               for f in text_string_to_metric_families(text)}
+    return {"nvml": nvml.status().__dict__, "interval_s": interval_s, "metrics": metrics, "text": text}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not usage + error
+        self.exit(2, f"exporter: error: {message} (see --help)\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = _Parser(prog="python -m utils.exporter", description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, default=9400, help="TCP port (dcgm-exporter's is 9400; 0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
+    p.add_argument("--interval-s", type=float, default=1.0, help="seconds between NVML reads (>= 0.1)")
+    p.add_argument("--dump-json", metavar="FILE",
+                   help="take two readings --interval-s apart, write them as JSON to FILE, and exit")
+    args = p.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port must be 0..65535, got {args.port}")
+    if not args.interval_s >= 0.1:
+        p.error(f"--interval-s must be >= 0.1 (NVML refreshes every 1/6 to 1 s), got {args.interval_s}")
+
+    if args.dump_json:
+        try:
+            out = open(args.dump_json, "w")  # noqa: SIM115 (fail before the readings, not after)
+        except OSError as exc:
+            print(f"exporter: error: cannot write --dump-json {args.dump_json}: {exc.strerror}", file=sys.stderr)
+            return 2
+        with out:
+            snap = snapshot(args.interval_s)
+            json.dump(snap, out, indent=1)
+        got = {k: len(v) for k, v in snap["metrics"].items() if k.startswith("DCGM") and v}
+        print(f"exporter: wrote {args.dump_json}; series per DCGM metric: {got}")
+        return 0
+
+    registry = CollectorRegistry()
+    exporter = NvmlExporter(registry=registry, interval_s=args.interval_s)
+    try:
+        server = MetricsServer(args.host, args.port, registry)
+    except OSError as exc:
+        print(f"exporter: error: {bind_error(exc, args.host, args.port)}", file=sys.stderr)
+        return 2
+    exporter.start()
+    print(f"exporter: serving {server.url} (NVML read every {args.interval_s:g} s)", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        while not done.wait(3600):
+            pass
+    except KeyboardInterrupt:
+        pass
+    server.close()
+    exporter.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
