@@ -279,6 +279,18 @@ def test_benchmark_on_cuda_uses_events_and_flushes_l2(clock, fake_cuda):
     assert fake_cuda.syncs == ["cuda"]  # one sync after warm-up; runs wait on their end event
 
 
+def test_benchmark_on_cuda_queues_runs_in_batches(clock, fake_cuda, monkeypatch):
+    waits = []
+    wait = fake_cuda.Event.synchronize
+    monkeypatch.setattr(fake_cuda.Event, "synchronize", lambda self: waits.append(1) or wait(self))
+    fn = scripted(clock, [0.001, 0.001, 0.003] * 30)  # rse never reaches 0: runs until max_runs
+    r = benchmark(fn, warmup=0, min_runs=3, max_runs=40, target_rse=0.0, budget_s=100, device="cuda")
+    assert r.runs == 40 and r.stopped == "max_runs"
+    # batches: the 3 min_runs, then BATCH_MS / median (20 ms / 1 ms = 20 runs), then the 17 left
+    assert timing.BATCH_MS == 20.0 and len(waits) == 3
+    assert fake_cuda.Flush.zeroed == 40  # still one flush before every run
+
+
 def test_benchmark_on_cuda_without_flush(clock, fake_cuda):
     r = benchmark(scripted(clock, [0.001] * 10), warmup=0, min_runs=3, device="cuda", flush_l2=False)
     assert not r.l2_flushed and fake_cuda.Flush.zeroed == 0
