@@ -1,0 +1,104 @@
+"""The grader's command line: ``python -m grader {release,check,autograde} ...``.
+
+A thin argparse layer over functions the tests call too (release.release,
+selfcheck.check_notebook, batch.grade_batch). Errors a user can fix are one line on stderr
+and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_release(a) -> int:
+    from grader.release import release
+
+    lines = release(check=a.check)
+    for line in lines:
+        print(line)
+    if a.check:
+        if lines:
+            return 1
+        print("notebooks/ is up to date with grader/source/")
+    elif not lines:
+        print("notebooks/ was already up to date")
+    return 0
+
+
+def _cmd_check(a) -> int:
+    from grader.selfcheck import check_notebook, format_table
+
+    res = check_notebook(a.notebook, assignment=a.assignment, record=a.record, timeout_s=a.timeout, out_dir=a.out)
+    print(format_table(res))
+    if a.json_out:
+        a.json_out.parent.mkdir(parents=True, exist_ok=True)
+        a.json_out.write_text(json.dumps(res, indent=1, default=str))
+    if not res["cells"] or not (res["status"] == "ok" or res["status"].startswith("graded;")):
+        return 2
+    return 0 if res["passed"] else 1
+
+
+def _cmd_autograde(a) -> int:
+    from grader.batch import grade_batch
+    from grader.course import notebook_name
+    from grader.submissions import find_submissions
+
+    notebook_name(a.assignment)  # a clear error for an unknown assignment
+    subs = find_submissions(a.submissions, a.assignment)
+    if not subs:
+        print(f"no submissions of {a.assignment} in {a.submissions} (expected <student>.ipynb or "
+              f"submitted/<student>/{a.assignment}/{a.assignment}.ipynb)", file=sys.stderr)
+        return 2
+    results = grade_batch(a.assignment, subs, a.out, jobs=a.jobs, timeout_s=a.timeout, progress=not a.quiet)
+    for r in results:
+        print(f"{r['student_id']:<24} {r['score']:>6g} / {r['max_score']:<6g} {r['status']}")
+    print(f"wrote {a.out / 'grades.csv'} and feedback under {a.out / 'feedback'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grader", description="Release and grade the course notebooks.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("release", help="write notebooks/ from grader/source/ (nbgrader generate_assignment)")
+    r.add_argument("--check", action="store_true", help="exit 1 if notebooks/ is out of date; write nothing")
+    r.set_defaults(fn=_cmd_release)
+
+    c = sub.add_parser("check", help="grade one notebook with its hidden tests (self-study)")
+    c.add_argument("notebook", type=Path)
+    c.add_argument("--json-out", type=Path, help="write score, max_score and per-cell results here")
+    c.add_argument("--assignment", help="assignment id (default: guessed from the notebook's cells)")
+    c.add_argument("--record", type=Path, help="measurement record (default: <assignment>.record.json beside the notebook)")
+    c.add_argument("--timeout", type=int, help="seconds per cell (default 60 in smoke mode, 600 on a GPU)")
+    c.add_argument("--out", type=Path, help="keep the graded notebook, its record and feedback HTML here")
+    c.set_defaults(fn=_cmd_check)
+
+    g = sub.add_parser("autograde", help="grade every submission in a folder (instructors)")
+    g.add_argument("--assignment", required=True)
+    g.add_argument("--submissions", type=Path, required=True,
+                   help="folder of <student>.ipynb, or nbgrader's [submitted/]<student>/<assignment>/ layout")
+    g.add_argument("--out", type=Path, required=True, help="grades.csv, results.json, feedback/ go here")
+    g.add_argument("--jobs", type=int, default=1, help="submissions graded at once (each runs its own kernel)")
+    g.add_argument("--timeout", type=int, help="seconds per cell (default 60 in smoke mode, 600 on a GPU)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.set_defaults(fn=_cmd_autograde)
+
+    a = p.parse_args(argv)
+    if getattr(a, "jobs", 1) < 1:
+        p.error("--jobs must be at least 1")
+    if getattr(a, "timeout", None) is not None and a.timeout <= 0:
+        p.error("--timeout must be a positive number of seconds")
+    from grader.course import CourseError
+    from grader.submissions import SubmissionError
+
+    try:
+        return a.fn(a)
+    except (CourseError, SubmissionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,450 @@
+"""Helpers for hidden tests that grade on measured numbers (DESIGN.md, "Grading on measured numbers").
+
+The rules, and where each lives here:
+
+1. Learner code is timed through ``utils.timing`` and compared with a baseline the grader
+   times in the same run (:func:`timed`, :func:`band`, :func:`assert_in_band`).
+2. A number the learner reports must sit within a band of the grader's re-measurement; the
+   band is the wider of a floor (:data:`GPU_BAND_FLOOR`, :data:`SMOKE_BAND_FLOOR`) and
+   :data:`SPREAD_FACTOR` times the measured relative spread ``(p80 - p20) / median``.
+3. Plausibility against ``utils.hardware``: nothing above the datasheet peak or bandwidth
+   (:func:`assert_not_above`), no utilization over 100%, no memory above the card.
+4. The measurement code is the grader's: :func:`assert_untampered` fails on a patched
+   ``time.perf_counter`` (and friends), ``torch.cuda.Event.elapsed_time`` /
+   ``record`` / ``synchronize``, ``torch.cuda.synchronize`` or any function of ``utils``.
+   Each function's code object is compared with a fresh compile of the file it should come
+   from (nothing is executed), so a function rebound in a notebook cell, or a module
+   attribute swapped for a fake, shows up. GPU MODE's evaluator names
+   ``Event.elapsed_time`` patching as a known cheat (REFERENCE.md, "Timing").
+5. With no GPU on the grading machine and a GPU measurement record from the learner
+   (``GPULAB_SUBMITTED_RECORD``), measured cells are graded from the record instead
+   (:func:`grading_mode`), and :func:`say` puts that in the feedback.
+6. nbgrader scores a test cell 0 on any stderr output, so every call into learner code goes
+   through :func:`quiet`; messages for the learner go to stdout (:func:`say`).
+
+Hidden tests do not use the ``grader.checks`` the notebook imported: ``grader/phase0.py`` is
+loaded afresh from its file and loads this file afresh, so rebinding ``checks`` in the
+notebook or patching its functions changes nothing. Limits: the checks run in the learner's
+kernel, so a learner who patches the import machinery or rewrites files on the grading
+machine's disk is out of reach; grade untrusted submissions in a container.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import io
+import math
+import numbers
+import os
+import sys
+import time
+import types
+import warnings
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+MARK = "grader:"  # grader/worker.py reads these lines from test-cell stdout
+RECORD_VAR = "GPULAB_SUBMITTED_RECORD"
+GPU_BAND_FLOOR = 0.35  # +-35% at least: clocks, thermals and a few seconds between the two measurements
+SMOKE_BAND_FLOOR = 1.5  # x2.5 either way on a CPU: --jobs N shares the cores with other graded notebooks
+SPREAD_FACTOR = 3.0  # band = SPREAD_FACTOR x the noisier run's (p80 - p20) / median, when wider than the floor
+GPU_BAND_CAP = 1.0  # never wider than x2 either way on a GPU, however noisy: a band must be able to fail
+SMOKE_BAND_CAP = 3.0  # x4 either way on a CPU: 500 "TFLOP/s" from a CPU matmul still fails
+DATASHEET_SLACK = 1.05  # a measurement may read 5% over a datasheet figure (rounding, boost); more is impossible
+TIMERS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time")
+UTILS_MODULES = ("utils.timing", "utils.flops", "utils.nvml", "utils.hardware", "utils.record", "utils.env",
+                 "utils.memory", "utils.models", "utils.plots")
+LIVE, RECORD = "measured live", "graded from record"
+
+
+# -- output hygiene -------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def quiet():
+    """Run learner code with stderr captured and warnings off: a warning or a progress bar on
+    stderr would cost the whole test cell its points under nbgrader, wherever it came from.
+
+    Both levels: ``sys.stderr`` (Python writes) and file descriptor 2 (C extensions write
+    there directly, and ipykernel forwards that descriptor to the cell as stderr too)."""
+    buf = io.StringIO()
+    saved_fd = None
+    try:
+        sys.stderr.flush()
+        saved_fd = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no descriptor 2 here: Python-level capture only
+        saved_fd = None
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(buf):
+            warnings.simplefilter("ignore")
+            yield buf
+    finally:
+        if saved_fd is not None:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+
+
+def say(message: str) -> None:
+    """One line for the learner's feedback, on stdout (stderr would zero the cell)."""
+    print(f"{MARK} {message}", flush=True)
+
+
+# -- values ---------------------------------------------------------------------------------
+
+def as_number(value: Any, name: str) -> float:
+    """``value`` as a float; a clear AssertionError for anything that is not a plain number.
+
+    Only built-in and numpy numbers, or a one-element torch tensor, are accepted: an object
+    with a doctored ``__eq__`` cannot pass an equality test here."""
+    mod = type(value).__module__
+    if type(value).__name__ == "Tensor" and mod.startswith("torch") and getattr(value, "numel", lambda: 0)() == 1:
+        value = value.detach().cpu().item()
+        mod = type(value).__module__
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or mod not in ("builtins", "numpy"):
+        raise AssertionError(f"{name} must be a number (a Python float), got {type(value).__name__}: {value!r:.80}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise AssertionError(f"{name} must be a finite number, got {v}")
+    return v
+
+
+def as_label(value: Any, allowed: tuple[str, ...], name: str) -> str:
+    if type(value) is not str or value not in allowed:
+        raise AssertionError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got {value!r:.80}")
+    return value
+
+
+def assert_close(value: Any, expected: float, name: str, rel: float = 1e-6, abs_tol: float = 0.0) -> None:
+    v = as_number(value, name)
+    if not math.isclose(v, expected, rel_tol=rel, abs_tol=abs_tol):
+        raise AssertionError(f"{name} = {v:.6g}, expected {expected:.6g}")
+
+
+def assert_positive(value: Any, name: str) -> float:
+    v = as_number(value, name)
+    if not v > 0:
+        raise AssertionError(f"{name} must be positive, got {v:.6g}")
+    return v
+
+
+# -- tamper detection -----------------------------------------------------------------------
+
+@cache
+def _fresh_code(path: str) -> dict[str, list[types.CodeType]]:
+    """Every function code object of the file at ``path``, by qualified name, compiled now."""
+    src = Path(path).read_text(encoding="utf-8")
+    top = compile(src, path, "exec", dont_inherit=True)
+    out: dict[str, list[types.CodeType]] = {}
+
+    def walk(code: types.CodeType, prefix: str) -> None:
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                if c.co_name.startswith("<") and c.co_name != "<lambda>":
+                    continue
+                qual = f"{prefix}{c.co_name}"
+                out.setdefault(qual, []).append(c)
+                walk(c, f"{qual}.")
+
+    walk(top, "")
+    return out
+
+
+def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    if a.co_code != b.co_code or a.co_names != b.co_names or a.co_varnames != b.co_varnames:
+        return False
+    ca = [c for c in a.co_consts if not isinstance(c, types.CodeType)]
+    cb = [c for c in b.co_consts if not isinstance(c, types.CodeType)]
+    if ca != cb:
+        return False
+    na = [c for c in a.co_consts if isinstance(c, types.CodeType)]
+    nb = [c for c in b.co_consts if isinstance(c, types.CodeType)]
+    return len(na) == len(nb) and all(_same_code(x, y) for x, y in zip(na, nb, strict=True))
+
+
+def _function_of(obj: Any) -> types.FunctionType | None:
+    for attr in ("__func__", "fget"):
+        if getattr(obj, attr, None) is not None:
+            obj = getattr(obj, attr)
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    return obj if isinstance(obj, types.FunctionType) else None
+
+
+def function_is_original(obj: Any, path: str, qualname: str) -> bool:
+    """Whether ``obj`` (function, method, property, wrapped function) runs the code that
+    ``qualname`` has in the file ``path``."""
+    fn = _function_of(obj)
+    if fn is None or os.path.realpath(fn.__code__.co_filename) != os.path.realpath(path):
+        return False
+    return any(_same_code(fn.__code__, c) for c in _fresh_code(path).get(qualname, []))
+
+
+def patched_timers() -> list[str]:
+    """Names of the standard clocks and CUDA timing calls that are not the originals."""
+    bad = []
+    for name in TIMERS:
+        f = getattr(time, name, None)
+        if not (isinstance(f, types.BuiltinFunctionType) and f.__name__ == name
+                and getattr(f.__self__, "__name__", None) == "time"):
+            bad.append(f"time.{name}")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        streams = sys.modules.get("torch.cuda.streams")
+        if streams is None or torch.cuda.Event is not getattr(streams, "Event", None):
+            bad.append("torch.cuda.Event")
+        else:
+            for meth in ("elapsed_time", "record", "synchronize", "query", "wait"):
+                if not function_is_original(torch.cuda.Event.__dict__.get(meth), streams.__file__, f"Event.{meth}"):
+                    bad.append(f"torch.cuda.Event.{meth}")
+        cuda_init = sys.modules.get("torch.cuda")
+        if not function_is_original(torch.cuda.synchronize, cuda_init.__file__, "synchronize"):
+            bad.append("torch.cuda.synchronize")
+    return bad
+
+
+def patched_module(module: types.ModuleType) -> list[str]:
+    """Functions, methods and imported modules of ``module`` that differ from its file."""
+    path = getattr(module, "__file__", None)
+    if not path or not os.path.isfile(path):
+        return [f"{module.__name__} (no source file)"]
+    classes = _class_names(path)
+    live = vars(module)
+    bad = []
+    for qual in _fresh_code(path):
+        parts = qual.split(".")
+        if "<lambda>" in parts or len(parts) > 2 or (len(parts) == 2 and parts[0] not in classes):
+            continue  # nested code is compared as part of its parent
+        if len(parts) == 1 and parts[0] not in classes:
+            obj = live.get(parts[0])
+            if obj is None:
+                bad.append(f"{module.__name__}.{qual} (deleted)")
+            elif not function_is_original(obj, path, qual):
+                bad.append(f"{module.__name__}.{qual}")
+            continue
+        cls = live.get(parts[0])
+        if not isinstance(cls, type):
+            bad.append(f"{module.__name__}.{parts[0]} (class replaced)")
+            continue
+        if len(parts) == 2:
+            attr = cls.__dict__.get(parts[1])
+            fns = [getattr(attr, k, None) for k in ("fget", "fset", "fdel")] if isinstance(attr, property) else [attr]
+            if not any(f is not None and function_is_original(f, path, qual) for f in fns):
+                bad.append(f"{module.__name__}.{qual}")
+    for name, value in live.items():
+        if isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is not value:
+            bad.append(f"{module.__name__}.{name} (a module swapped for a fake)")
+    for name, modname in _imported_modules(path).items():
+        real = sys.modules.get(modname)
+        if real is not None and name in live and live[name] is not real:
+            bad.append(f"{module.__name__}.{name} (a module swapped for a fake)")
+    return sorted(set(bad))
+
+
+@cache
+def _imported_modules(path: str) -> dict[str, str]:
+    """Names the file binds to modules at module level: ``import time`` -> {"time": "time"},
+    ``import a.b as c`` -> {"c": "a.b"}, ``from utils import nvml`` -> {"nvml": "utils.nvml"}
+    (the last only counts if ``utils.nvml`` turns out to be a module)."""
+    import ast
+
+    out = {}
+    for node in ast.parse(Path(path).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+@cache
+def _class_names(path: str) -> frozenset:
+    """Names of the classes defined at module level (inside if/try blocks too)."""
+    import ast
+
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    names = set()
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                stack.extend(getattr(node, field, []) or [])
+        elif isinstance(node, ast.ExceptHandler):
+            stack.extend(node.body)
+    return frozenset(names)
+
+
+def tamper_report(modules: tuple[str, ...] = UTILS_MODULES) -> list[str]:
+    """Everything patched: clocks, CUDA timing, ``utils`` functions, and this module when it
+    is the imported ``grader.checks`` (a fresh copy has nothing to compare)."""
+    bad = patched_timers()
+    for name in modules + (__name__,):
+        mod = sys.modules.get(name)
+        if mod is None:
+            if name == __name__:
+                continue
+            try:
+                mod = importlib.import_module(name)
+            except Exception as exc:  # a module that cannot import is not ours to grade
+                bad.append(f"{name} (cannot import: {type(exc).__name__})")
+                continue
+        bad.extend(patched_module(mod))
+    return bad
+
+
+def assert_untampered() -> None:
+    """AssertionError naming every patched clock or ``utils`` function."""
+    bad = tamper_report()
+    if bad:
+        raise AssertionError(
+            "measurement code was patched in this notebook, so its numbers cannot be graded: "
+            + ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+            + ". Remove the cell that replaces them and restart the kernel.")
+
+
+# -- where the numbers come from ------------------------------------------------------------
+
+def gpu_here() -> bool:
+    torch = sys.modules.get("torch") or importlib.import_module("torch")
+    return bool(torch.cuda.is_available())
+
+
+def smoke() -> bool:
+    from utils.env import smoke_mode
+
+    return smoke_mode()
+
+
+def submitted_record():
+    """The learner's record (``GPULAB_SUBMITTED_RECORD``) if it came from a GPU, else None.
+
+    A file that is there but unreadable is an AssertionError: a broken or edited record must
+    not fall back to something gentler."""
+    path = os.environ.get(RECORD_VAR, "").strip()
+    if not path:
+        return None
+    from utils.record import Record
+
+    try:
+        rec = Record.load(path)
+    except (ValueError, OSError, TypeError) as exc:
+        raise AssertionError(f"the submitted measurement record cannot be used: {exc}") from None
+    fp = rec.fingerprint if isinstance(rec.fingerprint, dict) else {}
+    return rec if fp.get("kind") == "gpu" else None
+
+
+def grading_mode() -> str:
+    """:data:`RECORD` when this machine has no GPU and the learner's record is from one."""
+    if gpu_here():
+        return LIVE
+    return RECORD if submitted_record() is not None else LIVE
+
+
+def record_spec(rec):
+    """The spec row of the record's GPU, after checking the record is ours and untouched.
+
+    Checks: the fingerprint is a GPU's, the ``utils/`` that took the numbers is this grader's
+    (``utils_sha256``), and the card is in ``utils.hardware`` (else its peaks are unknown)."""
+    from utils.hardware import spec_for_name
+    from utils.record import utils_hash
+
+    fp = rec.fingerprint
+    name = str(fp.get("name", ""))
+    expected = os.environ.get("GPULAB_UTILS_SHA256") or utils_hash()
+    if rec.utils_sha256 != expected:
+        raise AssertionError(
+            f"the record was taken with a different utils/ (sha256 {rec.utils_sha256[:12] or 'missing'}, "
+            f"grader has {expected[:12]}): re-run the notebook on a GPU with this version of the course, unmodified")
+    spec = spec_for_name(name)
+    if spec is None:
+        raise AssertionError(f"the record's GPU {name!r} is not in utils/hardware.py, so its numbers cannot be "
+                             "checked against a datasheet: grade on a GPU instead (python -m grader check)")
+    mem = fp.get("memory_gib")
+    # datasheets' "80 GB" is in practice 80 GiB (torch reports 79.1 GiB for an H100 80GB), so compare in GiB
+    if isinstance(mem, (int, float)) and spec.memory_gb and mem > spec.memory_gb * DATASHEET_SLACK:
+        raise AssertionError(f"the record says {name} has {mem} GiB, more than its datasheet {spec.memory_gb} GB")
+    return spec
+
+
+def recorded(rec, name: str, *fields: str) -> tuple:
+    """``(value, extra[f] for f in fields)`` of measurement ``name``; AssertionError if absent."""
+    m = rec.measurements.get(name)
+    if m is None:
+        raise AssertionError(f"the record has no measurement {name!r}: run the whole notebook before saving it")
+    missing = [f for f in fields if f not in m.extra]
+    if missing:
+        raise AssertionError(f"record measurement {name!r} lacks {', '.join(missing)}")
+    return (as_number(m.value, f"record {name}"),) + tuple(m.extra[f] for f in fields)
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+def timed(fn, *args, max_runs: int = 30, budget_s: float = 3.0, **kwargs):
+    """``utils.timing.benchmark`` after checking nobody patched it (the grader's baseline)."""
+    assert_untampered()
+    from utils.timing import benchmark
+
+    with quiet():
+        return benchmark(fn, *args, max_runs=max_runs, budget_s=budget_s, **kwargs)
+
+
+def spread(result) -> float:
+    """Relative spread of a timing result: ``(p80 - p20) / median``."""
+    med = as_number(result.median_ms, "median_ms")
+    return (as_number(result.p80_ms, "p80_ms") - as_number(result.p20_ms, "p20_ms")) / med if med > 0 else math.inf
+
+
+def band(*results, smoke_mode: bool | None = None, floor: float | None = None) -> float:
+    """Relative tolerance for comparing two measurements of the same thing.
+
+    The wider of a floor (35% on a GPU, 150% in smoke mode) and 3x the larger relative
+    spread among ``results`` (TimingResults, or objects with median/p20/p80 in ms), capped
+    (x2 on a GPU, x4 in smoke mode) so that no amount of noise makes a check unfailable."""
+    s = smoke() if smoke_mode is None else smoke_mode
+    base = floor if floor is not None else (SMOKE_BAND_FLOOR if s else GPU_BAND_FLOOR)
+    cap = max(base, SMOKE_BAND_CAP if s else GPU_BAND_CAP)
+    spreads = [spread(r) for r in results if r is not None]
+    return min(cap, max([base] + [SPREAD_FACTOR * x for x in spreads if math.isfinite(x)]))
+
+
+def assert_in_band(value: Any, reference: float, rel: float, name: str, unit: str) -> float:
+    """``value`` within a factor ``1 + rel`` of the grader's ``reference``, either way."""
+    v = as_number(value, name)
+    lo, hi = reference / (1 + rel), reference * (1 + rel)
+    if not lo <= v <= hi:
+        raise AssertionError(
+            f"{name} = {v:.4g} {unit}, but the grader re-measured {reference:.4g} {unit} in this run; "
+            f"accepted {lo:.4g} to {hi:.4g} (band +-{100 * rel:.0f}%, from the measured spread)")
+    return v
+
+
+def assert_not_above(value: Any, ceiling: float | None, name: str, unit: str, what: str) -> None:
+    """Plausibility: ``value`` may not exceed a datasheet ``ceiling`` (with 5% slack)."""
+    v = as_number(value, name)
+    if ceiling is not None and v > ceiling * DATASHEET_SLACK:
+        u = f" {unit}" if unit else ""
+        raise AssertionError(f"{name} = {v:.4g}{u} is above {what} ({ceiling:.4g}{u}): not physically possible")
+
+
+def assert_utilization(values: Any, name: str) -> None:
+    for v in values:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        p = as_number(v, name)
+        if not 0 <= p <= 100:
+            raise AssertionError(f"{name} has {p:.4g}%: a utilization is between 0 and 100%")
+
+
+def assert_memory(peak_gib: Any, total_gib: float | None, name: str) -> None:
+    if peak_gib is None:
+        return
+    p = as_number(peak_gib, name)
+    if p < 0 or (total_gib and p > total_gib * DATASHEET_SLACK):
+        raise AssertionError(f"{name} = {p:.4g} GiB, but the device has {total_gib:.4g} GiB")

@@ -1,0 +1,262 @@
+"""nbgrader, called in-process on a temporary copy of the course.
+
+Every release and every grading run works on a throw-away course root (``source/`` copied,
+a gradebook of its own). The shared ``grader/`` folder never gets a ``gradebook.db``, a
+release is a pure function of ``source/``, and parallel grading jobs never share a sqlite
+file (nbgrader's gradebook locks the whole database on write).
+
+The nbgrader converters (``GenerateAssignment``, ``Autograde``, ``GenerateFeedback``) are
+driven the way ``nbgrader.apps.api.NbGraderAPI`` drives them, without the API object: its
+constructor probes the exchange directory, which a grading machine has no use for.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from grader import COURSE_ROOT, REPO_ROOT, SOURCE_DIR
+
+CONFIG_FILE = COURSE_ROOT / "nbgrader_config.py"
+TIMEOUT_VAR = "GPULAB_CELL_TIMEOUT"  # seconds per cell while grading, overrides the default
+SMOKE_TIMEOUT_S = 60  # a phase-0 cell takes a few seconds in smoke mode; 60 leaves room on a busy CI core
+GPU_TIMEOUT_S = 600  # GPU sizes train for minutes in one cell on a T4
+
+
+class CourseError(Exception):
+    """A course problem with a one-line explanation (bad source folder, nbgrader failure)."""
+
+
+def assignments(source_dir: Path = SOURCE_DIR) -> list[str]:
+    """Assignment ids: the folders of ``source/`` that hold a notebook, sorted."""
+    if not source_dir.is_dir():
+        return []
+    return sorted(p.name for p in source_dir.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+
+
+def notebook_name(assignment: str, source_dir: Path = SOURCE_DIR) -> str:
+    """The assignment's one notebook, ``<assignment>.ipynb`` (one notebook per phase)."""
+    folder = source_dir / assignment
+    if not folder.is_dir():
+        known = ", ".join(assignments(source_dir)) or "none"
+        raise CourseError(f"no assignment {assignment!r} in {source_dir} (known: {known})")
+    nbs = sorted(p.name for p in folder.glob("*.ipynb"))
+    if nbs != [f"{assignment}.ipynb"]:
+        raise CourseError(f"{folder} must hold exactly one notebook, {assignment}.ipynb (found: {', '.join(nbs) or 'none'})")
+    return nbs[0]
+
+
+def default_timeout_s() -> int:
+    """Per-cell limit: ``GPULAB_CELL_TIMEOUT``, else 60 s in smoke mode and 600 s on a GPU."""
+    raw = os.environ.get(TIMEOUT_VAR, "").strip()
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise CourseError(f"{TIMEOUT_VAR}={raw!r} is not a whole number of seconds") from None
+        if value <= 0:
+            raise CourseError(f"{TIMEOUT_VAR} must be positive, got {value}")
+        return value
+    from utils.env import smoke_mode
+
+    return SMOKE_TIMEOUT_S if smoke_mode() else GPU_TIMEOUT_S
+
+
+def load_config(root: Path, timeout_s: int | None = None):
+    """The course's ``nbgrader_config.py``, pointed at the course copy ``root``."""
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+
+    cfg = PyFileConfigLoader(CONFIG_FILE.name, path=str(CONFIG_FILE.parent)).load_config()
+    extra = Config()
+    extra.CourseDirectory.root = str(root)
+    extra.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
+    if timeout_s is not None:
+        extra.Execute.timeout = int(timeout_s)
+    cfg.merge(extra)
+    return cfg
+
+
+def ensure_scripts_on_path() -> None:
+    """nbgrader creates a gradebook by running the ``alembic`` script, found on PATH.
+
+    Put this interpreter's script folder first (``python -m grader`` needs no activated
+    venv); where the script is still missing (a ``pip install --user`` keeps scripts
+    elsewhere), add a two-line shim that runs ``python -m alembic`` with this interpreter."""
+    bindir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if bindir not in path.split(os.pathsep):
+        path = bindir + (os.pathsep + path if path else "")
+    if shutil.which("alembic", path=path) is None:
+        shim_dir = Path(tempfile.gettempdir()) / f"gpulab-alembic-shim-{os.getuid() if hasattr(os, 'getuid') else 0}"
+        shim_dir.mkdir(exist_ok=True)
+        shim = shim_dir / "alembic"
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m alembic "$@"\n')
+        shim.chmod(0o755)
+        path = str(shim_dir) + os.pathsep + path
+    os.environ["PATH"] = path
+
+
+def prepare_process_env(kernel_home: Path) -> None:
+    """Set up this (worker) process so the notebook's kernel is the right one.
+
+    The notebooks run on a ``python3`` kernel; a kernel spec under ``kernel_home`` (made
+    the Jupyter data dir) pins it to this interpreter, so a system-wide ``python3`` kernel
+    without torch is never picked by mistake. The kernel inherits this environment: it
+    imports ``utils`` and ``grader`` from this repository and finds it via ``GPULAB_REPO``.
+    """
+    ensure_scripts_on_path()
+    spec_dir = kernel_home / "kernels" / "python3"
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (grader)",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+    os.environ["JUPYTER_DATA_DIR"] = str(kernel_home)
+    pp = os.environ.get("PYTHONPATH", "")
+    if str(REPO_ROOT) not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + pp if pp else "")
+    os.environ["GPULAB_REPO"] = str(REPO_ROOT)
+    os.environ["GPULAB_GRADING"] = "1"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # a debugger warning on stderr otherwise
+
+
+def _run(app) -> str:
+    """Run an nbgrader converter; return its log, raise CourseError with the tail on failure."""
+    from nbgrader.utils import capture_log
+
+    result = capture_log(app)
+    log = result.get("log", "")
+    if not result.get("success"):
+        raise CourseError(_failure_reason(log + "\n" + result.get("error", "")))
+    return log
+
+
+def _failure_reason(text: str) -> str:
+    """One line saying why nbgrader failed, from its log."""
+    if "DeadKernelError" in text or "Kernel died" in text:
+        return "the kernel died while running the notebook (a crash, os._exit, or out of memory)"
+    if "UnresponsiveKernelError" in text or "kernel became unresponsive" in text:
+        return "the kernel stopped responding (a loop that ignores interrupts?)"
+    if "CellTimeoutError" in text or "Timeout waiting for IOPub" in text:
+        return "a cell kept running after its timeout and could not be interrupted"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    exc = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception): ", ln) and not ln.startswith("nbgrader.converters")]
+    if exc:
+        return exc[-1][:300]
+    errors = [ln.removeprefix("[ERROR]").strip() for ln in lines if ln.startswith("[ERROR]")]
+    errors = [e for e in errors if not e.startswith(("Please see", "There was an error", "Traceback"))]
+    return (errors[-1] if errors else (lines[-1] if lines else "nbgrader failed without a message"))[:300]
+
+
+def make_course(dest: Path, assignment: str, source_dir: Path = SOURCE_DIR) -> Path:
+    """A fresh course root at ``dest`` holding ``assignment``, generated (released) there.
+
+    Its gradebook records the assignment's cells, hidden tests and checksums, which
+    autograde needs (nbgrader's SaveCells writes them even with ``no_database``).
+    """
+    from nbgrader.converters import GenerateAssignment
+    from nbgrader.coursedir import CourseDirectory
+
+    notebook_name(assignment, source_dir)  # validates the folder
+    ensure_scripts_on_path()
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source_dir / assignment, dest / "source" / assignment, dirs_exist_ok=True)
+    cfg = load_config(dest)
+    coursedir = CourseDirectory(config=cfg)
+    coursedir.assignment_id = assignment
+    app = GenerateAssignment(coursedir=coursedir, config=cfg)
+    app.force = True
+    app.create_assignment = True
+    _run(app)
+    return dest
+
+
+def released_path(root: Path, assignment: str) -> Path:
+    return root / "release" / assignment / f"{assignment}.ipynb"
+
+
+def submitted_dir(root: Path, assignment: str, student: str) -> Path:
+    return root / "submitted" / student / assignment
+
+
+def autograded_path(root: Path, assignment: str, student: str) -> Path:
+    return root / "autograded" / student / assignment / f"{assignment}.ipynb"
+
+
+def feedback_path(root: Path, assignment: str, student: str) -> Path:
+    return root / "feedback" / student / assignment / f"{assignment}.html"
+
+
+def autograde(root: Path, assignment: str, student: str, timeout_s: int) -> str:
+    """nbgrader autograde of one submission in the course copy ``root``; returns the log."""
+    from nbgrader.converters import Autograde
+    from nbgrader.coursedir import CourseDirectory
+
+    cfg = load_config(root, timeout_s)
+    coursedir = CourseDirectory(config=cfg)
+    coursedir.assignment_id = assignment
+    coursedir.student_id = student
+    app = Autograde(coursedir=coursedir, config=cfg)
+    app.force = True
+    app.create_student = True
+    return _run(app)
+
+
+def generate_feedback(root: Path, assignment: str, student: str) -> str:
+    """nbgrader generate_feedback (HTML) for one autograded submission; returns the log."""
+    from nbgrader.converters import GenerateFeedback
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+
+    cfg = load_config(root)
+    extra = Config()
+    extra.HTMLExporter.template_name = "feedback"  # as NbGraderAPI.generate_feedback sets it
+    cfg.merge(extra)
+    coursedir = CourseDirectory(config=cfg)
+    coursedir.assignment_id = assignment
+    coursedir.student_id = student
+    app = GenerateFeedback(coursedir=coursedir, config=cfg)
+    app.force = True
+    return _run(app)
+
+
+def read_grades(root: Path, assignment: str, student: str) -> dict:
+    """Score, max score, timestamp and per-cell grades from the course copy's gradebook."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        a = gb.find_assignment(assignment)
+        out = {"max_score": float(a.max_score), "score": 0.0, "timestamp": "", "duedate": a.duedate, "cells": []}
+        order = {}
+        src = released_path(root, assignment)
+        if src.exists():
+            cells = json.loads(src.read_text())["cells"]
+            order = {c["metadata"].get("nbgrader", {}).get("grade_id"): i for i, c in enumerate(cells)}
+        try:
+            sub = gb.find_submission(assignment, student)
+        except MissingEntry:
+            return out
+        out["score"] = float(sub.score)
+        out["raw_score"] = float(sub.score)
+        out["late_submission_penalty"] = float(sub.late_submission_penalty or 0.0)
+        out["timestamp"] = sub.timestamp.isoformat() if sub.timestamp else ""
+        for nb in sub.notebooks:
+            for g in nb.grades:
+                if g.cell_type != "code":
+                    continue
+                out["cells"].append({
+                    "cell": g.name,
+                    "points": float(g.max_score),
+                    "score": float(g.score or 0.0),
+                    "needs_manual_grade": bool(g.needs_manual_grade and g.auto_score is None),
+                })
+        out["cells"].sort(key=lambda c: order.get(c["cell"], 1e9))
+        return out

@@ -1,0 +1,22 @@
+# nbgrader settings for the course. `nbgrader` run from grader/ reads this file, and
+# `python -m grader ...` loads the same file (grader/course.py) and then points
+# CourseDirectory.root and db_url at a temporary copy of the course, so grading never
+# touches a shared gradebook (parallel jobs would fight over one sqlite file).
+c = get_config()  # noqa: F821 (traitlets provides get_config in config files)
+
+c.CourseDirectory.course_id = "gpulab"
+c.CourseDirectory.source_directory = "source"
+c.CourseDirectory.release_directory = "release"
+
+# Solution regions become this stub in the released notebook.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# A deleted test cell is put back (and graded) instead of silently scoring nothing.
+c.OverwriteCells.add_missing_cells = True
+
+# Per-cell execution limit while grading (seconds). grader/course.py replaces it with
+# --timeout or its default (60 s in smoke mode, 600 s with a GPU).
+c.Execute.timeout = 60
+c.Execute.interrupt_on_timeout = True
+c.Execute.raise_on_iopub_timeout = True

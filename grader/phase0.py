@@ -1,0 +1,397 @@
+"""The checks the hidden tests of phase 0 (``00_foundations``) run.
+
+Each ``check_*`` grades one measured cell. With a GPU here, or with no GPU record to grade,
+it re-measures the same kernel with the grader's own timing, in the same kernel session,
+and compares ("measured live"). With no GPU here but a GPU record from the learner, it
+grades the record instead ("graded from record", :mod:`grader.phase0_records`).
+
+The sizes, device and dtype come from ``utils.env`` here, not from the notebook's variables,
+and the training step is checked against the locked cell that defines it: a learner who
+rebinds ``SIZES``, ``n`` or ``train_step`` gets numbers the grader does not reproduce.
+
+Hidden tests load this file afresh from disk (not through ``import``), and it loads
+``checks.py`` and ``phase0_records.py`` afresh the same way: a notebook that rebinds
+``phase0``/``checks`` or patches their functions cannot change what grades it. Patched
+clocks and ``utils`` are caught by :func:`grader.checks.assert_untampered`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load_fresh(name: str):
+    """``grader/<name>.py`` executed anew under a private name (never the imported module)."""
+    spec = importlib.util.spec_from_file_location(f"_gpulab_fresh_{name}", HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+checks = _load_fresh("checks")
+records = _load_fresh("phase0_records")
+records.checks = checks  # its functions look the name up at call time
+LIVE, RECORD = checks.LIVE, checks.RECORD
+PHASE = records.PHASE
+LABELS = ("compute", "memory", "overhead")
+CPU_TFLOPS_CAP = 50.0  # estimate: no CPU socket comes near 50 fp32 TFLOP/s, so a CPU figure above it is invented
+ATTEMPTS = 3  # a reference that misses the band is timed again: a busy core or a clock dip spoils one run, not three
+rate, dtype_name, dtype_bytes, limiter_rule = records.rate, records.dtype_name, records.dtype_bytes, records.limiter_rule
+save_record, record_path = records.save_record, records.record_path
+
+
+# -- what the grader expects ------------------------------------------------------------------
+
+def setting() -> tuple[Any, str, Any]:
+    """``(sizes, device, matmul dtype)`` as the notebook's setup cells choose them."""
+    import torch
+
+    from utils.env import phase_sizes, smoke_mode
+
+    smoke = smoke_mode()
+    if smoke:
+        return phase_sizes(PHASE), "cpu", torch.float32
+    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
+    return phase_sizes(PHASE), "cuda", dtype
+
+
+def _gpu_spec():
+    from utils.hardware import current_spec
+
+    spec = current_spec()
+    return spec if spec.kind == "gpu" else None
+
+
+def _begin(what: str) -> str:
+    """Say how this cell is graded (first, so that a failing cell says it too); returns the mode."""
+    mode = checks.grading_mode()
+    if mode == RECORD:
+        records.announce(what)
+    else:
+        import torch
+
+        where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke mode: lenient bands)"
+        checks.say(f"{LIVE} on {where}: {what}, re-timed by the grader in this run")
+    return mode
+
+
+def _say(what: str, mine: float, yours: float, unit: str, rel: float) -> None:
+    checks.say(f"  {what}: grader {mine:.4g} {unit}, yours {yours:.4g} {unit} (band +-{100 * rel:.0f}%)")
+
+
+def _median(result, name: str) -> float:
+    checks.as_number(result.p20_ms, f"{name}.p20_ms")
+    checks.as_number(result.p80_ms, f"{name}.p80_ms")
+    return checks.assert_positive(result.median_ms, f"{name}.median_ms")
+
+
+class _Times:
+    """median/p20/p80 in ms, for checks.band() on a Stopwatch summary."""
+
+    def __init__(self, summary: dict):
+        self.median_ms, self.p20_ms, self.p80_ms = summary["median_ms"], summary["p20_ms"], summary["p80_ms"]
+
+
+def _agree(compare):
+    """``compare()`` re-measures and asserts; a miss is measured again, up to ATTEMPTS times."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return compare()
+        except AssertionError:
+            if attempt == ATTEMPTS - 1:
+                raise
+
+
+# -- the grader's own measurements ----------------------------------------------------------
+
+def measure_matmul(n: int, dtype, device) -> dict:
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = checks.timed(lambda: a @ b)
+    return {"time": t, "tflops": rate(2 * n**3, t.median_ms, 1e12), "intensity": 2 * n / (3 * dtype_bytes(dtype))}
+
+
+def measure_memory(numel: int, device) -> dict:
+    import torch
+
+    x = torch.randn(numel, device=device)
+    out = torch.empty_like(x)
+    ct = checks.timed(lambda: out.copy_(x))
+    et = checks.timed(lambda: torch.add(x, 1.0, out=out))
+    return {"copy_time": ct, "copy_gbs": rate(8 * numel, ct.median_ms, 1e9), "ew_time": et,
+            "ew_gbs": rate(8 * numel, et.median_ms, 1e9), "ew_tflops": rate(numel, et.median_ms, 1e12)}
+
+
+def _tiny_loop(t, k: int):
+    for _ in range(k):
+        t = t + 1
+    return t
+
+
+def measure_tiny(ops: int, device) -> dict:
+    import torch
+
+    t = checks.timed(_tiny_loop, torch.zeros(1, device=device), ops)
+    return {"time": t, "tflops": rate(ops, t.median_ms, 1e12)}
+
+
+# -- 1. the matmul --------------------------------------------------------------------------
+
+def check_matmul(matmul_tflops, matmul_time, matmul_flops, matmul_bytes, achieved_tflops) -> None:
+    """Exact FLOP and byte counts; TFLOP/s from the learner's own timing and function, within
+    a band of the grader's re-measurement, below the datasheet peak."""
+    if _begin("the matmul") == RECORD:
+        return records.matmul(achieved_tflops)
+    checks.assert_untampered()
+    sizes, device, dtype = setting()
+    n = sizes.matmul_n
+    checks.assert_close(matmul_flops, 2 * n**3, f"matmul_flops (2 n^3 for n = {n})")
+    checks.assert_close(matmul_bytes, 3 * n * n * dtype_bytes(dtype), f"matmul_bytes (read A and B, write C; {dtype_name(dtype)})")
+    med = _median(matmul_time, "matmul_time")
+    with checks.quiet():
+        mine = achieved_tflops(float(matmul_flops), med)
+    checks.assert_close(mine, rate(2 * n**3, med, 1e12), "achieved_tflops(matmul_flops, matmul_time.median_ms)", rel=1e-3)
+    checks.assert_close(matmul_tflops, mine, "matmul_tflops (from your matmul_time)", rel=1e-3)
+    spec = _gpu_spec()
+    if device == "cuda":
+        checks.assert_not_above(matmul_tflops, spec and spec.peak_tflops(dtype_name(dtype)), "matmul_tflops", "TFLOP/s",
+                                f"the {spec.name if spec else 'GPU'} datasheet peak")
+    else:
+        checks.assert_not_above(matmul_tflops, CPU_TFLOPS_CAP, "matmul_tflops", "TFLOP/s", "what any CPU can do (an estimate)")
+
+    def compare():
+        ref = measure_matmul(n, dtype, device)
+        rel = checks.band(ref["time"], matmul_time)
+        checks.assert_in_band(matmul_tflops, ref["tflops"], rel, "matmul_tflops", "TFLOP/s")
+        _say(f"{n}^3 {dtype_name(dtype)} matmul", ref["tflops"], matmul_tflops, "TFLOP/s", rel)
+
+    _agree(compare)
+
+
+# -- 2. copy and x + 1: the memory roof -------------------------------------------------------
+
+def check_memory(copy_gbs, copy_time, ew_gbs, ew_tflops, ew_time, ew_flops, ew_bytes,
+                 achieved_bandwidth_gbs, achieved_tflops) -> None:
+    """Exact counts; rates from the learner's timings and functions, within a band of the
+    grader's re-measurement, below the datasheet bandwidth."""
+    if _begin("copy and x + 1") == RECORD:
+        return records.memory(achieved_bandwidth_gbs, achieved_tflops)
+    checks.assert_untampered()
+    sizes, device, _ = setting()
+    numel = sizes.elementwise_numel
+    checks.assert_close(ew_flops, numel, "ew_flops (one add per element)")
+    checks.assert_close(ew_bytes, 8 * numel, "ew_bytes (read x, write out: 4 + 4 bytes per fp32 element)")
+    cmed, emed = _median(copy_time, "copy_time"), _median(ew_time, "ew_time")
+    with checks.quiet():
+        c_mine = achieved_bandwidth_gbs(float(8 * numel), cmed)
+        e_mine = achieved_bandwidth_gbs(float(ew_bytes), emed)
+        t_mine = achieved_tflops(float(ew_flops), emed)
+    checks.assert_close(c_mine, rate(8 * numel, cmed, 1e9), "achieved_bandwidth_gbs(copy bytes, copy_time.median_ms)", rel=1e-3)
+    checks.assert_close(copy_gbs, c_mine, "copy_gbs (from your copy_time)", rel=1e-3)
+    checks.assert_close(ew_gbs, e_mine, "ew_gbs (from your ew_time)", rel=1e-3)
+    checks.assert_close(ew_tflops, t_mine, "ew_tflops (from your ew_time)", rel=1e-3)
+    spec = _gpu_spec()
+    if device == "cuda" and spec:
+        for name, v in (("copy_gbs", copy_gbs), ("ew_gbs", ew_gbs)):
+            checks.assert_not_above(v, spec.bandwidth_gbs, name, "GB/s", f"the {spec.name} datasheet bandwidth")
+
+    def compare():
+        ref = measure_memory(numel, device)
+        rel = checks.band(ref["copy_time"], ref["ew_time"], copy_time, ew_time)
+        checks.assert_in_band(copy_gbs, ref["copy_gbs"], rel, "copy_gbs", "GB/s")
+        checks.assert_in_band(ew_gbs, ref["ew_gbs"], rel, "ew_gbs", "GB/s")
+        _say("copy", ref["copy_gbs"], copy_gbs, "GB/s", rel)
+        _say("x + 1", ref["ew_gbs"], ew_gbs, "GB/s", rel)
+
+    _agree(compare)
+
+
+# -- 3. tiny ops and the roofline placement ---------------------------------------------------
+
+def check_roofline(placements, kernels, classify_bound, tiny_tflops, tiny_time, tiny_flops, tiny_bytes,
+                   peak_tflops, bandwidth_gbs) -> None:
+    """The learner's placements are their classify_bound on their measurements, agree with
+    the grader's placement of its own re-measurements, and nothing is above the roof."""
+    if _begin("the roofline placements") == RECORD:
+        return records.roofline(classify_bound)
+    checks.assert_untampered()
+    from utils.flops import attainable_tflops, bound
+
+    sizes, device, dtype = setting()
+    ops = sizes.tiny_ops
+    if not isinstance(placements, dict) or set(placements) != {"matmul", "elementwise", "tiny_ops"}:
+        raise AssertionError("placements must be a dict with keys 'matmul', 'elementwise', 'tiny_ops'")
+    checks.assert_close(tiny_flops, ops, "tiny_flops (one add per op)")
+    checks.assert_close(tiny_bytes, 8 * ops, "tiny_bytes (each op reads and writes one fp32)")
+    tmed = _median(tiny_time, "tiny_time")
+    checks.assert_close(tiny_tflops, rate(ops, tmed, 1e12), "tiny_tflops (from your tiny_time)", rel=1e-3)
+    peak = checks.assert_positive(peak_tflops, "PEAK_TFLOPS")
+    bw = checks.assert_positive(bandwidth_gbs, "BANDWIDTH_GBS")
+    for name in placements:
+        checks.as_label(placements[name], LABELS, f"placements[{name!r}]")
+        intensity, achieved = (checks.as_number(v, f"kernels[{name!r}]") for v in kernels[name])
+        with checks.quiet():
+            got = classify_bound(intensity, achieved, peak, bw)
+        if got != placements[name]:
+            raise AssertionError(f"placements[{name!r}] = {placements[name]!r}, but your classify_bound gives {got!r}")
+        roof = attainable_tflops(intensity, peak, bw)
+        if achieved > roof * (1 + checks.band(tiny_time if name == "tiny_ops" else None)):
+            raise AssertionError(f"{name}: {achieved:.4g} TFLOP/s is above your measured roof ({roof:.4g} at "
+                                 f"{intensity:.3g} FLOP/B): check its FLOP and byte counts")
+
+    def compare():
+        mm, mem, tiny = measure_matmul(sizes.matmul_n, dtype, device), measure_memory(sizes.elementwise_numel, device), measure_tiny(ops, device)
+        rel = checks.band(mm["time"], mem["copy_time"])
+        checks.assert_in_band(peak, mm["tflops"], rel, "PEAK_TFLOPS (your measured matmul)", "TFLOP/s")
+        checks.assert_in_band(bw, mem["copy_gbs"], rel, "BANDWIDTH_GBS (your measured copy)", "GB/s")
+        tiny_rel = checks.band(tiny["time"], tiny_time, floor=None if checks.smoke() else 1.0)  # launch costs vary
+        checks.assert_in_band(tiny_tflops, tiny["tflops"], tiny_rel, "tiny_tflops", "TFLOP/s")
+        expected = {"matmul": bound(mm["intensity"], mm["tflops"], mem["copy_gbs"], mm["tflops"]),
+                    "elementwise": bound(0.125, mm["tflops"], mem["copy_gbs"], mem["ew_tflops"]),
+                    "tiny_ops": bound(0.125, mm["tflops"], mem["copy_gbs"], tiny["tflops"])}
+        wrong = {k: (placements[k], v) for k, v in expected.items() if placements[k] != v}
+        if wrong:
+            raise AssertionError("placements differ from the grader's re-measurement: " + ", ".join(
+                f"{k} yours {a!r}, grader's {b!r}" for k, (a, b) in wrong.items()))
+        _say("tiny ops", tiny["tflops"], tiny_tflops, "TFLOP/s", tiny_rel)
+        checks.say(f"  placements agree with the grader's: {expected}")
+
+    _agree(compare)
+
+
+# -- 4. the monitored training run -----------------------------------------------------------
+
+def _train_step_is_the_given_one(train_step) -> None:
+    """``train_step`` must run the code of the locked cell that defines it, on the preset's model."""
+    from utils.flops import count_params, non_embedding_params_from_config
+    from utils.models import preset_config
+
+    src = json.loads((HERE / "source" / PHASE / f"{PHASE}.ipynb").read_text())
+    cell = next(c for c in src["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "train_setup")
+    text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    given = [c for c in compile(text, "<train_setup>", "exec").co_consts if getattr(c, "co_name", "") == "train_step"]
+    fn = getattr(train_step, "__code__", None)
+    if not given or fn is None or not checks._same_code(fn, given[0]):
+        raise AssertionError("train_step is not the one defined in the locked training cell: do not redefine it")
+    sizes = setting()[0]
+    model = getattr(train_step, "__globals__", {}).get("model")
+    want = non_embedding_params_from_config(preset_config(sizes.model))
+    if model is None or count_params(model) != want:
+        raise AssertionError(f"the model train_step trains is not {sizes.model} ({want:,} non-embedding parameters)")
+
+
+def _step_plausible(tokens_per_s: float, device: str, sizes) -> None:
+    """Throughput x FLOPs per token may not beat the fp32 peak (datasheet on a GPU; on a CPU
+    twice a matmul the grader times now, as no CPU has a datasheet here)."""
+    from utils.flops import flops_per_token_from_config
+    from utils.models import preset_config
+
+    with checks.quiet():
+        fpt = flops_per_token_from_config(preset_config(sizes.model), sizes.seq_len)
+    import torch
+
+    spec = _gpu_spec()
+    if device == "cuda" and spec:
+        peak, what = spec.peak_tflops("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"), f"the {spec.name} fp32 peak"
+    else:
+        import torch as _t
+
+        peak, what = 2 * measure_matmul(sizes.matmul_n, _t.float32, device)["tflops"], "twice this CPU's measured matmul"
+    checks.assert_not_above(tokens_per_s * fpt / 1e12, peak, "tokens_per_s x FLOPs per token", "TFLOP/s", what)
+
+
+def check_training(tokens_per_s, train, monitor, train_step, x, y) -> None:
+    """Throughput from the learner's Stopwatch, within a band of the grader's timing of the
+    given step; the monitor covered the run and reads plausibly."""
+    if _begin("the training run") == RECORD:
+        return records.training()
+    checks.assert_untampered()
+    sizes, device, _ = setting()
+    _train_step_is_the_given_one(train_step)
+    if tuple(x.shape) != (sizes.batch_size, sizes.seq_len):
+        raise AssertionError(f"the batch has shape {tuple(x.shape)}, expected {(sizes.batch_size, sizes.seq_len)}")
+    tps = checks.assert_positive(tokens_per_s, "tokens_per_s")
+    if not isinstance(train, dict) or not {"tokens_per_s", "total_s", "median_ms", "p20_ms", "p80_ms"} <= set(train):
+        raise AssertionError("train must be the dict from stopwatch.summary()")
+    checks.assert_close(tps, checks.as_number(train["tokens_per_s"], "train['tokens_per_s']"), "tokens_per_s vs stopwatch.summary()")
+    _step_plausible(tps, device, sizes)
+    summary = monitor.summary()
+    if not summary:
+        raise AssertionError("the GpuMonitor recorded nothing: run the training loop inside `with GpuMonitor(...)`")
+    if monitor.duration_s < 0.8 * checks.as_number(train["total_s"], "train['total_s']"):
+        raise AssertionError(f"the monitor ran {monitor.duration_s:.2f} s, shorter than the training "
+                             f"({train['total_s']:.2f} s): start it before the loop and stop it after")
+    for dev, s in summary.items():
+        for key in ("util_gpu_pct", "util_mem_pct", "util_cpu_pct"):
+            if isinstance(s.get(key), dict):
+                checks.assert_utilization([s[key].get("mean"), s[key].get("max")], f"{dev} {key}")
+        if isinstance(s.get("mem_used_gib"), dict):
+            checks.assert_memory(s["mem_used_gib"].get("max"), s.get("mem_total_gib"), f"{dev} mem_used_gib max")
+    tokens_per_step = sizes.batch_size * sizes.seq_len
+
+    def compare():
+        ref = checks.timed(train_step, x, y, warmup=1, max_runs=10, budget_s=5.0)
+        ref_tps = tokens_per_step / ref.median_ms * 1e3
+        rel = checks.band(ref, _Times(train))
+        checks.assert_in_band(tps, ref_tps, rel, "tokens_per_s", "tokens/s")
+        _say("training step", ref_tps, tps, "tokens/s", rel)
+
+    _agree(compare)
+
+
+# -- 5. what limits the step ----------------------------------------------------------------
+
+def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_time, small_time, train_step, x, y,
+                  small_batch, peak_tflops) -> None:
+    """The batch-size experiment and MFU recomputed from the learner's timings, the scaling
+    within a band of the grader's, the limiter the rule's answer on those numbers."""
+    if _begin("the batch-size experiment and MFU") == RECORD:
+        return records.limiter()
+    checks.assert_untampered()
+    from utils.flops import flops_per_token_from_config
+    from utils.models import preset_config
+
+    sizes, device, _ = setting()
+    _train_step_is_the_given_one(train_step)
+    batch = sizes.batch_size
+    if small_batch != max(1, batch // 4) or tuple(x.shape) != (batch, sizes.seq_len):
+        raise AssertionError(f"expected batches of {batch} and {max(1, batch // 4)} x {sizes.seq_len} tokens")
+    with checks.quiet():
+        fpt = flops_per_token_from_config(preset_config(sizes.model), sizes.seq_len)
+    checks.as_label(limiter, LABELS, "LIMITER")
+    full, small = _median(full_time, "full_time"), _median(small_time, "small_time")
+    r = (batch / full) / (small_batch / small)
+    checks.assert_close(batch_scaling, r, "batch_scaling (tokens/s at the full batch over at the small one)", rel=1e-3)
+    checks.assert_close(fixed_share, (r - 1) / (batch / small_batch - 1), "fixed_share", rel=1e-3, abs_tol=1e-9)
+    checks.assert_close(step_tflops, rate(fpt * batch * sizes.seq_len, full, 1e12), "step_tflops", rel=1e-3)
+    peak = checks.assert_positive(peak_tflops, "TRAIN_PEAK_TFLOPS")
+    checks.assert_close(mfu, step_tflops / peak, "mfu (step_tflops / TRAIN_PEAK_TFLOPS)", rel=1e-3)
+    spec = _gpu_spec()
+    if device == "cuda" and spec and spec.fp32_tflops:
+        allowed = [p for p in (spec.fp32_tflops, spec.tf32_tflops) if p]
+        if not any(abs(peak - p) <= 1e-6 * p for p in allowed):
+            raise AssertionError(f"TRAIN_PEAK_TFLOPS = {peak}, not the {spec.name} fp32/tf32 datasheet peak {allowed}")
+        checks.assert_not_above(mfu, 1.0, "mfu", "", "100% of the datasheet peak")
+    expected = limiter_rule(fixed_share, mfu)
+    if limiter != expected:
+        raise AssertionError(f"LIMITER = {limiter!r}, but your numbers (fixed_share {fixed_share:.2f}, mfu {mfu:.2f}) "
+                             f"give {expected!r} by the rule in the text")
+
+    def compare():
+        ref_full = checks.timed(train_step, x, y, warmup=1, max_runs=10, budget_s=5.0)
+        ref_small = checks.timed(train_step, x[:small_batch], y[:small_batch], warmup=1, max_runs=10, budget_s=5.0)
+        ref_r = (batch / ref_full.median_ms) / (small_batch / ref_small.median_ms)
+        rel = checks.band(ref_full, ref_small, full_time, small_time)
+        checks.assert_in_band(batch_scaling, ref_r, rel, "batch_scaling", "x")
+        if device != "cuda":  # no datasheet on a CPU: the peak must be a matmul measured here
+            ref_peak = measure_matmul(sizes.matmul_n, setting()[2], device)
+            checks.assert_in_band(peak, ref_peak["tflops"], checks.band(ref_peak["time"]), "TRAIN_PEAK_TFLOPS", "TFLOP/s")
+        _say("batch scaling", ref_r, batch_scaling, "x", rel)
+
+    _agree(compare)

@@ -1,0 +1,81 @@
+"""``python -m grader check NOTEBOOK``: the whole grade of one notebook, for self-study.
+
+It is an nbgrader autograde of that one notebook (locked and test cells restored from
+``grader/source``, hidden tests included, the learner's answer cells kept), run the same way
+the instructor's batch runs it. Unlike ``nbgrader validate``, which exits 0 even when tests
+fail (jupyter/nbgrader#1908) and runs whatever tests the notebook now contains, this exits
+non-zero unless every graded cell earned all its points.
+
+Exit status: 0 all passed; 1 some cell lost points; 2 the notebook could not be graded.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from grader import SOURCE_DIR
+from grader import course as C
+from grader.batch import grade_batch
+from grader.submissions import Submission, record_name
+
+
+def guess_assignment(notebook: Path, source_dir: Path = SOURCE_DIR) -> str:
+    """The assignment whose graded cell ids the notebook shares most; else its file name."""
+    names = C.assignments(source_dir)
+    try:
+        cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
+        ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells if isinstance(c, dict)} - {None}
+    except (OSError, ValueError, AttributeError):
+        ids = set()
+    best, best_n = None, 0
+    for a in names:
+        src = json.loads((source_dir / a / f"{a}.ipynb").read_text())["cells"]
+        n = len(ids & {c["metadata"].get("nbgrader", {}).get("grade_id") for c in src})
+        if n > best_n:
+            best, best_n = a, n
+    if best:
+        return best
+    for a in names:
+        if notebook.stem.startswith(a):
+            return a
+    raise C.CourseError(f"{notebook.name} matches no assignment in {source_dir} (known: {', '.join(names)}); pass --assignment")
+
+
+def check_notebook(notebook: Path, *, assignment: str | None = None, record: Path | None = None,
+                   timeout_s: int | None = None, out_dir: Path | None = None, source_dir: Path = SOURCE_DIR) -> dict:
+    """Grade ``notebook``; returns the result dict that ``--json-out`` writes. With
+    ``out_dir``, the graded notebook and the record it wrote are kept there (as ``autograde``
+    keeps them, under ``autograded/self/``)."""
+    notebook = Path(notebook)
+    if not notebook.is_file():
+        raise C.CourseError(f"no notebook at {notebook}")
+    assignment = assignment or guess_assignment(notebook, source_dir)
+    if record is None:
+        for cand in (notebook.with_name(record_name(assignment)), notebook.with_name(f"{notebook.stem}.record.json")):
+            if cand.is_file():
+                record = cand
+                break
+    sub = Submission("self", notebook, record)
+    (res,) = grade_batch(assignment, [sub], out_dir, jobs=1, timeout_s=timeout_s, feedback=out_dir is not None,
+                         progress=False, source_dir=source_dir)
+    res["notebook"] = str(notebook)
+    res["record"] = str(record) if record else None
+    res["passed"] = res["status"] == "ok" or res["status"].startswith("graded;")
+    res["passed"] = bool(res["passed"] and res["cells"] and res["score"] >= res["max_score"])
+    return res
+
+
+def format_table(res: dict) -> str:
+    """The per-cell table printed by ``check``."""
+    rows = [("cell", "points", "score", "passed", "graded", "note")]
+    for c in res["cells"]:
+        rows.append((c["cell"], f"{c['points']:g}", f"{c['score']:g}", "yes" if c.get("passed") else "NO",
+                     c.get("mode", "-"), c.get("message", "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r[:5], widths, strict=True)) + ("  " + r[5] if r[5] else "") for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(f"score {res['score']:g} / {res['max_score']:g}    status: {res['status']}")
+    if any(c.get("mode") == "graded from record" for c in res["cells"]):
+        lines.append("Measured cells were graded from the measurement record (this machine has no GPU).")
+    return "\n".join(lines)

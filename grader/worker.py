@@ -1,0 +1,105 @@
+"""Grade one prepared submission in its own process: ``python -m grader.worker ...``.
+
+The batch (grader/batch.py) prepares a course copy per student and starts one of these per
+submission, so parallel jobs share no gradebook, no environment variables (the kernel
+inherits them) and no Jupyter kernel, and a runaway submission can be killed as a whole
+process group. The result is one JSON file: score, per-cell grades, how each measured cell
+was graded (parsed from the test cells' stdout), and a one-line status.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+MARK = "grader:"  # grader/checks.py prints "grader: measured live ..." / "grader: graded from record ..."
+
+
+def cell_reports(nb_path: Path) -> dict[str, dict]:
+    """Per test cell: how it was graded and the first line of what went wrong."""
+    if not nb_path.is_file():
+        return {}
+    nb = json.loads(nb_path.read_text())
+    out = {}
+    for cell in nb["cells"]:
+        md = cell.get("metadata", {}).get("nbgrader", {})
+        if not md.get("grade") or cell.get("cell_type") != "code":
+            continue
+        mode, message = "", ""
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                text = "".join(o.get("text", ""))
+                if o.get("name") == "stdout":
+                    for line in text.splitlines():
+                        if line.startswith(MARK):
+                            low = line.lower()
+                            if "graded from record" in low:
+                                mode = "graded from record"
+                            elif "measured live" in low and mode != "graded from record":
+                                mode = "measured live"
+                elif o.get("name") == "stderr" and not message:
+                    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+                    message = f"wrote to stderr: {first[:160]}"
+            elif o.get("output_type") == "error":
+                ename, evalue = o.get("ename", "Error"), str(o.get("evalue", "")).strip()
+                if ename == "CellTimeoutError":
+                    message = "timed out"
+                else:
+                    message = f"{ename}: {evalue.splitlines()[0] if evalue else ''}"[:300]
+        out[md["grade_id"]] = {"mode": mode or "-", "message": message}
+    return out
+
+
+def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback: bool) -> dict:
+    from grader import course as C
+
+    result = {"student_id": student, "assignment": assignment, "status": "ok", "notes": []}
+    try:
+        C.autograde(course, assignment, student, timeout_s)
+    except C.CourseError as exc:
+        result["status"] = str(exc)
+    grades = C.read_grades(course, assignment, student)
+    reports = cell_reports(C.autograded_path(course, assignment, student))
+    for cell in grades["cells"]:
+        rep = reports.get(cell["cell"], {"mode": "-", "message": "not run" if result["status"] != "ok" else ""})
+        cell.update(rep)
+        cell["passed"] = cell["score"] >= cell["points"] and cell["points"] > 0
+    if result["status"] != "ok":
+        grades["score"] = 0.0
+        for cell in grades["cells"]:
+            cell["score"], cell["passed"] = 0.0, False
+    result.update(grades)
+    if feedback and C.autograded_path(course, assignment, student).is_file():
+        try:
+            C.generate_feedback(course, assignment, student)
+        except C.CourseError as exc:
+            result["notes"].append(f"no feedback HTML: {exc}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grader.worker", description=__doc__.splitlines()[0])
+    p.add_argument("--course", type=Path, required=True)
+    p.add_argument("--assignment", required=True)
+    p.add_argument("--student", required=True)
+    p.add_argument("--timeout", type=int, required=True)
+    p.add_argument("--result", type=Path, required=True)
+    p.add_argument("--no-feedback", action="store_true")
+    a = p.parse_args(argv)
+    from grader import course as C
+
+    C.prepare_process_env(a.course / "jupyter")
+    try:
+        result = grade(a.course, a.assignment, a.student, a.timeout, not a.no_feedback)
+    except Exception as exc:  # the batch must go on: report, do not crash
+        traceback.print_exc()
+        result = {"student_id": a.student, "assignment": a.assignment, "score": 0.0, "cells": [],
+                  "status": f"grader error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+    a.result.write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""The grader against the phase-0 notebook: real nbgrader runs on CPU (smoke mode).
+
+One ``python -m grader autograde --jobs 2`` batch grades every submission built below and
+the assertions share it: the reference solution, the untouched release, hostile and broken
+notebooks, and two measurement records from a "GPU" (one plausible, one invented). Then
+``python -m grader check`` and ``release --check`` run as a self-study reader and CI would.
+The batch takes about two minutes on two cores.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "grader" / "source" / "00_foundations" / "00_foundations.ipynb"
+RELEASE = ROOT / "notebooks" / "00_foundations.ipynb"
+PURE = {"test_intensity": 1.0, "test_rates": 2.0, "test_bound": 2.0}
+MEASURED = ("test_matmul", "test_memory", "test_roofline", "test_training", "test_limiter")
+TIMEOUT_S = 20  # per cell: the infinite loop costs this much; every legit smoke cell takes a few seconds
+
+pytestmark = pytest.mark.slow
+
+
+# -- building submissions -------------------------------------------------------------------
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _gid(cell: dict) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _src(cell: dict) -> str:
+    s = cell["source"]
+    return "".join(s) if isinstance(s, list) else s
+
+
+def _cell(nb: dict, gid: str) -> dict:
+    return next(c for c in nb["cells"] if _gid(c) == gid)
+
+
+def answered() -> dict:
+    """The released notebook with the reference answers typed into its answer cells."""
+    from grader.release import reference_submission
+
+    return reference_submission("00_foundations")
+
+
+def scratch(code: str, cid: str) -> dict:
+    return {"cell_type": "code", "execution_count": None, "id": cid, "metadata": {}, "outputs": [], "source": code}
+
+
+def insert_after(nb: dict, gid: str, cell: dict) -> None:
+    i = next(i for i, c in enumerate(nb["cells"]) if _gid(c) == gid)
+    nb["cells"].insert(i + 1, cell)
+
+
+def prepend(nb: dict, gid: str, code: str) -> None:
+    c = _cell(nb, gid)
+    c["source"] = code + "\n" + _src(c)
+
+
+def gpu_record(invented: bool = False) -> dict:
+    """A measurement record as an H100 run of the notebook would write it.
+
+    Plausible numbers (below the H100 datasheet, consistent with each other), or invented
+    ones: above the datasheet, and a throughput that does not follow from its own step times."""
+    from utils.flops import bound, flops_per_token_from_config
+    from utils.models import preset_config
+    from utils.record import Record, utils_hash
+
+    rec = Record(fingerprint={"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.1,
+                              "compute_capability": "9.0", "torch": "2.11.0"}, utils_sha256=utils_hash())
+    n, numel, ops = 8192, 1 << 28, 2000
+    mm_ms, copy_ms, ew_ms, tiny_ms, full_ms = (0.3, 0.2, 0.21, 12.0, 50.0) if invented else (1.4, 0.716, 0.75, 12.0, 300.0)
+
+    def t(ms):
+        return {"median_ms": ms, "p20_ms": ms * 0.99, "p80_ms": ms * 1.01, "runs": 30}
+
+    mm_tf = 2 * n**3 / (mm_ms * 1e-3) / 1e12
+    copy_gbs = 2 * numel * 4 / (copy_ms * 1e-3) / 1e9
+    ew_gbs, ew_tf = 2 * numel * 4 / (ew_ms * 1e-3) / 1e9, numel / (ew_ms * 1e-3) / 1e12
+    tiny_tf = ops / (tiny_ms * 1e-3) / 1e12
+    place = {k: bound(i, mm_tf, copy_gbs, a) for k, i, a in
+             (("matmul", 2 * n / 6, mm_tf), ("elementwise", 0.125, ew_tf), ("tiny_ops", 0.125, tiny_tf))}
+    rec.add("matmul_tflops", mm_tf, "TFLOP/s", "cuda_events", 0.02, n=n, dtype="bfloat16", flops=2 * n**3,
+            bytes=3 * n * n * 2, placement=place["matmul"], **t(mm_ms))
+    rec.add("copy_gbs", copy_gbs, "GB/s", "cuda_events", 0.02, bytes=2 * numel * 4, **t(copy_ms))
+    rec.add("elementwise_gbs", ew_gbs, "GB/s", "cuda_events", 0.02, flops=numel, bytes=2 * numel * 4, tflops=ew_tf,
+            placement=place["elementwise"], **t(ew_ms))
+    rec.add("tiny_ops_tflops", tiny_tf, "TFLOP/s", "cuda_events", 0.05, flops=ops, bytes=ops * 8,
+            placement=place["tiny_ops"], **t(tiny_ms))
+    steps, total_s, tokens_per_step = 98, 29.4, 16 * 1024
+    tps = tokens_per_step * steps / total_s * (20 if invented else 1)
+    rec.add("train_tokens_per_s", tps, "tokens/s", "cuda_events", None, tokens_per_step=tokens_per_step, steps=steps,
+            total_s=total_s, median_step_ms=300.0, seq_len=1024, model="gpt2-small", monitor_source="nvml",
+            util_max_pct=100.0, mem_max_gib=31.5)
+    fpt = flops_per_token_from_config(preset_config("gpt2-small"), 1024)
+    small, small_ms = 4, 90.0
+    r = (16 / full_ms) / (small / small_ms)
+    share = (r - 1) / (16 / small - 1)
+    step_tf = fpt * tokens_per_step / (full_ms * 1e-3) / 1e12
+    mfu = step_tf / 67.0
+    limiter = "overhead" if share > 0.5 else ("compute" if mfu >= 0.4 else "memory")
+    rec.add("train_mfu", mfu, "fraction", "utils.timing.benchmark of train_step", 0.02, step_tflops=step_tf,
+            peak_tflops=67.0, flops_per_token=fpt, batch_size=16, small_batch=small, full_median_ms=full_ms,
+            small_median_ms=small_ms, batch_scaling=r, fixed_share=share, limiter=limiter)
+    return rec.to_dict()
+
+
+# -- the batch ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    subs = tmp_path_factory.mktemp("submissions")
+    out = tmp_path_factory.mktemp("graded")
+
+    def put(name: str, nb: dict) -> None:
+        (subs / f"{name}.ipynb").write_text(json.dumps(nb, indent=1))
+
+    put("reference", answered())
+    put("release", _load(RELEASE))
+
+    hostile = answered()
+    prepend(hostile, "roofline_functions",  # stderr from a learner cell, and from learner functions the tests call
+            "import sys, warnings\nwarnings.warn('a learner warning')\nprint('learner debug output', file=sys.stderr)")
+    fns = _cell(hostile, "roofline_functions")
+    fns["source"] = _src(fns).replace('    """FLOP per byte moved to or from memory."""',
+                                      '    """FLOP per byte."""\n    print("called", file=sys.stderr); warnings.warn("noisy")')
+    insert_after(hostile, "pytorch_demo", scratch("from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass", "tq"))
+    insert_after(hostile, "timing_demo", scratch("while True:\n    pass", "loop"))  # an infinite loop
+    _cell(hostile, "test_matmul")["source"] = "pass  # tests edited away"
+    _cell(hostile, "test_bound")["source"] = "assert True"
+    prepend(hostile, "device", "raise RuntimeError('edited locked cell')")
+    put("hostile", hostile)
+
+    perf = answered()
+    prepend(perf, "matmul_answer", "import time as _t\n_real = _t.perf_counter\n_t.perf_counter = lambda: _real() * 0.5")
+    put("patched_perf_counter", perf)
+
+    ev = answered()
+    prepend(ev, "matmul_answer", "torch.cuda.Event.elapsed_time = lambda self, end: 0.001")
+    put("patched_elapsed_time", ev)
+
+    rebind = answered()  # fakes for the names the test cells use, a patched grader, and an invented number
+    prepend(rebind, "matmul_answer", "\n".join([
+        "import contextlib, grader.checks, grader.phase0",
+        "class _Fake:",
+        "    def __getattr__(self, name):",
+        "        return lambda *a, **k: None",
+        "    @contextlib.contextmanager",
+        "    def quiet(self):",
+        "        try:",
+        "            yield",
+        "        except Exception:",
+        "            pass",
+        "checks = phase0 = _Fake()",
+        "grader.checks.assert_untampered = lambda: None",
+        "grader.phase0.check_matmul = lambda *a, **k: None"]))
+    _cell(rebind, "matmul_answer")["source"] = _src(_cell(rebind, "matmul_answer")).replace(
+        "### END SOLUTION", "matmul_tflops = 400.0  # invented\n### END SOLUTION")
+    put("rebinds_grader", rebind)
+
+    deleted = answered()
+    deleted["cells"] = [c for c in deleted["cells"] if _gid(c) not in ("intro", "device", "test_bound")]
+    put("deleted_cells", deleted)
+
+    dies = answered()
+    prepend(dies, "matmul_answer", "import os\nos._exit(1)")
+    put("kernel_dies", dies)
+
+    (subs / "not_json.ipynb").write_text('{"cells": [ this is not json')
+    bare = answered()
+    for c in bare["cells"]:
+        c["metadata"] = {}
+    put("no_metadata", bare)
+
+    put("invented_record", answered())
+    (subs / "invented_record.record.json").write_text(json.dumps(gpu_record(invented=True)))
+    layout = subs / "submitted" / "gpu_record" / "00_foundations"  # nbgrader's submitted/ layout
+    layout.mkdir(parents=True)
+    (layout / "00_foundations.ipynb").write_text(json.dumps(answered()))
+    (layout / "00_foundations.record.json").write_text(json.dumps(gpu_record()))
+
+    cmd = [sys.executable, "-m", "grader", "autograde", "--assignment", "00_foundations", "--submissions", str(subs),
+           "--out", str(out), "--jobs", "2", "--timeout", str(TIMEOUT_S)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = {r["student_id"]: r for r in json.loads((out / "results.json").read_text())}
+    with open(out / "grades.csv", newline="") as fh:
+        rows = {r["student_id"]: r for r in csv.DictReader(fh)}
+    return {"out": out, "results": results, "rows": rows, "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+def _scores(result: dict) -> dict[str, float]:
+    return {c["cell"]: c["score"] for c in result["cells"]}
+
+
+def _messages(result: dict) -> str:
+    return " | ".join(c.get("message", "") for c in result["cells"])
+
+
+def test_reference_scores_full_marks(batch):
+    r = batch["results"]["reference"]
+    assert r["status"] == "ok"
+    assert r["max_score"] == 15 and r["score"] == r["max_score"], _messages(r)
+    assert all(c["mode"] == "measured live" for c in r["cells"] if c["cell"] in MEASURED)
+    assert len(r["cells"]) >= 6
+
+
+def test_release_scores_zero(batch):
+    r = batch["results"]["release"]
+    assert r["status"] == "ok" and r["score"] == 0
+    assert all(c["score"] == 0 for c in r["cells"])
+
+
+def test_hostile_but_correct_submission_keeps_full_marks(batch):
+    # stderr from learner cells and learner functions, a tqdm bar, an infinite loop, edited
+    # test and locked cells: the loop times out, the edits are undone, nothing costs points
+    r = batch["results"]["hostile"]
+    assert r["status"] == "ok"
+    assert r["score"] == r["max_score"], _messages(r)
+    nb = json.loads((batch["out"] / "autograded" / "hostile" / "00_foundations.ipynb").read_text())
+    loop = next(c for c in nb["cells"] if c.get("id") == "loop")
+    assert any(o.get("ename") == "CellTimeoutError" for o in loop["outputs"])
+    assert "_p0.check_matmul(" in _src(_cell(nb, "test_matmul"))  # hidden test restored
+    assert "edited locked cell" not in _src(_cell(nb, "device"))
+
+
+@pytest.mark.parametrize("student, patched", [("patched_perf_counter", "time.perf_counter"),
+                                              ("patched_elapsed_time", "torch.cuda.Event.elapsed_time")])
+def test_patched_timers_are_caught(batch, student, patched):
+    r = batch["results"][student]
+    scores = _scores(r)
+    assert all(scores[c] == p for c, p in PURE.items())
+    assert all(scores[c] == 0 for c in MEASURED)
+    assert patched in _messages(r)
+
+
+def test_rebinding_or_patching_the_grader_in_the_notebook_changes_nothing(batch):
+    # the invented matmul_tflops fails its own cell and the two that use it as the compute ceiling
+    r = batch["results"]["rebinds_grader"]
+    scores = _scores(r)
+    assert all(scores[c] == 0 for c in ("test_matmul", "test_roofline", "test_limiter")), _messages(r)
+    assert "matmul_tflops" in _messages(r)
+    assert all(scores[c] == 2 for c in ("test_rates", "test_bound", "test_memory", "test_training")), _messages(r)
+
+
+def test_deleted_cells_are_restored_with_a_status_line(batch):
+    r = batch["results"]["deleted_cells"]
+    assert r["status"].startswith("graded; restored 3 deleted cell(s)"), r["status"]
+    assert {"intro", "device", "test_bound"} <= set(re.findall(r"[\w]+", r["status"]))
+    assert r["score"] == r["max_score"], _messages(r)
+
+
+def test_unreadable_notebooks_get_a_status_and_the_batch_goes_on(batch):
+    rows = batch["rows"]
+    assert "not valid JSON" in rows["not_json"]["status"] and float(rows["not_json"]["score"]) == 0
+    assert "no nbgrader cells" in rows["no_metadata"]["status"] and float(rows["no_metadata"]["score"]) == 0
+    assert float(rows["reference"]["score"]) == 15  # graded after the broken ones
+
+
+def test_a_dead_kernel_does_not_pass(batch):
+    r = batch["results"]["kernel_dies"]
+    assert "kernel died" in r["status"]
+    assert r["score"] == 0
+
+
+def test_gpu_record_is_graded_from_record_on_a_cpu_grader(batch):
+    r = batch["results"]["gpu_record"]
+    assert r["score"] == r["max_score"], _messages(r)
+    assert all(c["mode"] == "graded from record" for c in r["cells"] if c["cell"] in MEASURED)
+    html = (batch["out"] / "feedback" / "gpu_record" / "00_foundations.html").read_text()
+    assert "graded from record" in html and "no GPU" in html
+
+
+def test_invented_record_is_caught(batch):
+    r = batch["results"]["invented_record"]
+    scores = _scores(r)
+    assert all(scores[c] == p for c, p in PURE.items())
+    assert all(scores[c] == 0 for c in MEASURED), _messages(r)
+    assert "not physically possible" in _messages(r)
+
+
+def test_grades_csv_has_nbgrader_export_columns_and_status(batch):
+    rows = batch["rows"]
+    first = next(iter(rows.values()))
+    for col in ("assignment", "student_id", "raw_score", "score", "max_score", "status"):
+        assert col in first
+    assert len(rows) == 12
+    for sid in ("reference", "hostile", "release"):
+        assert (batch["out"] / "feedback" / sid / "00_foundations.html").is_file()
+
+
+# -- self-study and release -----------------------------------------------------------------
+
+def test_check_command_on_reference_and_release(tmp_path):
+    ref = tmp_path / "mine.ipynb"
+    ref.write_text(json.dumps(answered()))
+    rel = tmp_path / "untouched.ipynb"
+    rel.write_text(RELEASE.read_text())
+    procs = {name: subprocess.Popen([sys.executable, "-m", "grader", "check", str(p), "--json-out", str(tmp_path / f"{name}.json")],
+                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, p in (("ref", ref), ("rel", rel))}
+    outs = {name: p.communicate(timeout=600) for name, p in procs.items()}
+    assert procs["ref"].returncode == 0, outs["ref"]
+    assert procs["rel"].returncode == 1, outs["rel"]
+    res = json.loads((tmp_path / "ref.json").read_text())
+    assert res["score"] == res["max_score"] == 15 and {"score", "max_score", "cells"} <= set(res)
+    assert "measured live" in outs["ref"][0] and "test_matmul" in outs["ref"][0]
+    assert json.loads((tmp_path / "rel.json").read_text())["score"] == 0
+
+
+def test_release_is_current_deterministic_and_clean(tmp_path):
+    from grader.release import release, released_text
+
+    text = released_text("00_foundations")
+    assert text == RELEASE.read_text(), "notebooks/ is stale or the release is not deterministic: run python -m grader release"
+    nb = json.loads(text)
+    assert all(c.get("outputs", []) == [] and c.get("execution_count") is None for c in nb["cells"] if c["cell_type"] == "code")
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in text
+    src = _load(SOURCE)
+    hidden, solution, visible = [], [], set()
+    for c in src["cells"]:
+        keep = None
+        for line in _src(c).splitlines():
+            if "### BEGIN" in line:
+                keep = hidden if "HIDDEN" in line else solution
+            elif "### END" in line:
+                keep = None
+            elif line.strip():
+                (keep if keep is not None else []).append(line.strip())
+                if keep is None:
+                    visible.add(line.strip())
+    assert hidden and solution
+    released_lines = {ln.strip() for c in nb["cells"] for ln in _src(c).splitlines()}
+    leaked = [ln for ln in hidden + solution if ln in released_lines and ln not in visible]
+    assert not leaked, f"released notebook contains solution or hidden-test lines: {leaked[:5]}"
+    # --check reports a stale copy and a notebook without a source
+    (tmp_path / "00_foundations.ipynb").write_text(text.replace("Phase 0", "Phase zero"))
+    (tmp_path / "99_orphan.ipynb").write_text(text)
+    problems = release(check=True, notebooks_dir=tmp_path)
+    assert len(problems) == 2 and "out of date" in problems[0] and "no source" in problems[1]
+
+
+def test_release_check_cli_passes_on_the_repository():
+    proc = subprocess.run([sys.executable, "-m", "grader", "release", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_source_cell_but_the_learners_sentence_has_an_nbgrader_id():
+    # restoring deleted cells matches them by grade_id; the one free cell is the learner's answer in words
+    unmarked = [c for c in _load(SOURCE)["cells"] if _gid(c) is None]
+    assert [(c["cell_type"], c["id"]) for c in unmarked] == [("markdown", "limiter_words")]
