@@ -1,12 +1,25 @@
 """utils.loadgen against tests/timed_server.py (its own process, loopback): measured timing
-against the known truth, the load held, arrivals, failures by reason, outputs and the CLI.
+against what the server actually did, the load held, arrivals, failures by reason, outputs
+and the CLI.
 
-Accuracy band (issue 7): TTFT and TPOT within 2% plus 1 ms of the server's configured
-timing. The server sends on absolute deadlines, so what the client sees beyond the configured
-timing is the trip through both HTTP stacks plus the server's wake-up lateness: about 1.0 to
-1.6 ms measured on this 2-core machine (client aiohttp 0.15 ms, server parse and dispatch 0.5 ms,
-sleep lateness 0.3 ms, delivery 0.2 ms). Requests that arrive together queue in the server and
-see more; the accuracy runs keep arrivals apart.
+Accuracy (issue 7): TTFT and TPOT within 2% plus 1 ms of the truth. The truth is the
+server's own timeline (timed_server.py: when it received each request and began writing each
+event, on the client's clock), matched to the client's record by prompt. The configured
+timing is not the truth: the server reached the client 1.4 to 2.1 ms after it on this 2-core
+machine (a run's mean TTFT; the request's trip, the server's wake-up), and several ms later
+when other processes took the CPU, which made the old comparison flaky.
+
+What is left is the client's error. With aiohttp's ``data_received`` instrumented, nearly all
+of it came before the client ran any code (from there to the client's timestamp took at most
+0.26 ms): on a busy CPU the woken client waits in the run queue, up to a 4 ms scheduler tick
+with two CPU hogs (this kernel: HZ=250, no preemption) and 12 to 20 ms with about six busy
+processes on the two cores. No client measures better than the CPU it is given, so each
+per-request check allows the band plus the time the OS kept the client or the server waiting
+for a CPU during that request (Linux schedstat, read apart from the timestamps under test).
+Measured here, the largest such wait of a run was 0.01 to 10 ms without CPU hogs and 13 to
+210 ms with two, so under contention the per-request check says little; the TPOT and ITL
+statistics keep the band alone there. A client slow by itself still fails: one whose every
+timestamp came 5 ms late did (a one-off check by hand).
 """
 import asyncio
 import csv
@@ -15,15 +28,19 @@ import math
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 import timed_server
 
 from utils import loadgen
 from utils.env import repo_root
+from utils.loadgen import client as loadgen_client
 from utils.loadgen.__main__ import main as cli_main
 
 TTFT_MS, ITL_MS, N_TOK = 100.0, 20.0, 8
+SERVER_LATE_MS = 50.0  # the server's own lateness against its schedule: a sanity bound, not the client's error
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +53,67 @@ def _url(base, **scenario):
     return base + ("/s/" + ",".join(f"{k}={v}" for k, v in scenario.items()) if scenario else "")
 
 
-def _run(base, scenario=None, **kw):
+def _workload(base, scenario=None, **kw):
     kw = {"num_requests": 8, "input_len": 8, "output_len": N_TOK, "concurrency": 4, **kw}
-    return loadgen.run(loadgen.Workload(_url(base, **(scenario or {})), timed_server.MODEL, **kw), progress=False)
+    return loadgen.Workload(_url(base, **(scenario or {})), timed_server.MODEL, **kw)
 
 
-def _close(measured, truth):
-    return abs(measured - truth) <= 0.02 * truth + 1.0
+def _run(base, scenario=None, **kw):
+    return loadgen.run(_workload(base, scenario, **kw), progress=False)
+
+
+def _close(measured, truth, allowance_ms=0.0):
+    return abs(measured - truth) <= 0.02 * truth + 1.0 + allowance_ms
+
+
+@pytest.fixture
+def send_times(monkeypatch):
+    """Per request index: its send instant on the client's clock (``perf_counter``), and how long
+    the client's thread waited for a CPU while the request lasted (``timed_server.cpu_wait_s``).
+
+    A spy around ``client.send``, in the test, not a hook in the client: the per-request record
+    keeps ``sent_s`` relative to the run's origin, and the origin is what ``send`` is given."""
+    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
+        pytest.skip("the client's and the server's perf_counter readings compare only where it is CLOCK_MONOTONIC")
+    sends, real_send = {}, loadgen_client.send
+
+    async def spy(session, url, body, rec, *, stream, t_origin):
+        wait0 = timed_server.cpu_wait_s()
+        try:
+            await real_send(session, url, body, rec, stream=stream, t_origin=t_origin)
+        finally:
+            wait1 = timed_server.cpu_wait_s()
+            if rec.index >= 0 and rec.sent_s is not None:  # index -1: the unmeasured warm-up
+                sends[rec.index] = (t_origin + rec.sent_s, None if wait0 is None or wait1 is None else wait1 - wait0)
+
+    monkeypatch.setattr(loadgen_client, "send", spy)
+    return sends
+
+
+def _timelines(base):
+    """What the server did (tests/timed_server.py ``GET /_timelines``); no proxy for loopback."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(base + "/_timelines", timeout=10) as f:
+        return json.load(f)
+
+
+def _truth(base, w, result, sends):
+    """Per request: its send instant, the server's timeline of it (the first one the server received
+    after the client sent it, with its prompt: every prompt of a run differs, and the warm-up and
+    earlier runs that reuse a prompt were received before), and the milliseconds the client and the
+    server together waited for a CPU while it lasted."""
+    prompts = [b.get("prompt") or b["messages"][-1]["content"] for b in loadgen.build_bodies(w)]
+    assert len(set(prompts)) == len(prompts)
+    timelines = _timelines(base)
+    out = []
+    for q in result["requests"]:
+        sent, client_wait_s = sends[q["index"]]
+        mine = [t for t in timelines if t["prompt"] == prompts[q["index"]] and t["received_s"] >= sent]
+        assert mine, f"the server has no record of request {q['index']}"
+        tl = min(mine, key=lambda t: t["received_s"])
+        wait_ms = 1e3 * ((client_wait_s or 0.0) + (tl["cpu_wait_s"] or 0.0))
+        out.append((sent, tl, wait_ms))
+    return out
 
 
 @pytest.mark.parametrize("endpoint,scenario,load", [
@@ -52,17 +123,56 @@ def _close(measured, truth):
     ("chat", {"role_early": 1, "done": 0}, {"concurrency": None, "request_rate": 1 / 0.073, "arrival": "constant",
                                             "num_requests": 10}),
 ])
-def test_ttft_tpot_itl_match_the_server_timing(server, endpoint, scenario, load):
-    r = _run(server, scenario, endpoint=endpoint, **load)
+def test_ttft_tpot_itl_match_what_the_server_did(server, send_times, record_property, endpoint, scenario, load):
+    w = _workload(server, scenario, endpoint=endpoint, **load)
+    r = loadgen.run(w, progress=False)
     n = load["num_requests"]
     assert r["completed"] == n and r["failed"] == 0
     assert r["output_tokens_source"] == "usage" and r["output_tokens_mean"] == N_TOK
-    assert _close(r["ttft_ms"]["mean"], TTFT_MS), r["ttft_ms"]
-    assert _close(r["ttft_ms"]["p50"], TTFT_MS), r["ttft_ms"]
-    assert _close(r["tpot_ms"]["mean"], ITL_MS), r["tpot_ms"]
-    assert _close(r["itl_ms"]["mean"], ITL_MS), r["itl_ms"]
     assert r["itl_ms"]["n"] == n * (N_TOK - 1)
-    assert _close(r["e2el_ms"]["mean"], TTFT_MS + (N_TOK - 1) * ITL_MS), r["e2el_ms"]
+    truth_s: dict[str, list] = {"ttft": [], "tpot": [], "itl": [], "e2el": []}
+    worst_ms = dict.fromkeys(truth_s, 0.0)
+    waits_ms = []
+    for q, (sent, tl, wait_ms) in zip(r["requests"], _truth(server, w, r, send_times), strict=True):
+        text, events = tl["text_written_s"], tl["events_written_s"]
+        assert len(text) == N_TOK and tl["max_unsent_bytes"] == 0, tl  # every chunk went to the kernel at once
+        true = {"ttft": text[0] - sent, "e2el": events[-1] - sent}  # [DONE] is not an event (vLLM)
+        true["tpot"] = (true["e2el"] - true["ttft"]) / (N_TOK - 1)
+        got = {"ttft": q["ttft_s"], "e2el": q["e2el_s"], "tpot": (q["e2el_s"] - q["ttft_s"]) / (N_TOK - 1)}
+        pairs = [(k, 1e3 * got[k], 1e3 * true[k]) for k in got]
+        pairs += [("itl", 1e3 * g, 1e3 * (b - a)) for g, a, b in zip(q["itl_s"], text[:-1], text[1:], strict=True)]
+        for key, got_ms, true_ms in pairs:
+            worst_ms[key] = max(worst_ms[key], abs(got_ms - true_ms))
+            truth_s[key].append(true_ms / 1e3)
+        waits_ms.append(wait_ms)
+        # Causality: one clock for client and server, so no chunk is seen before the server sent it.
+        assert got["ttft"] >= true["ttft"] and got["e2el"] >= true["e2el"], (q, tl)
+        # The band, plus the time the OS kept the client or the server off the CPU during this request
+        # (TPOT spreads a late last chunk over N_TOK - 1 tokens).
+        off = [(k, round(g, 3), round(t, 3)) for k, g, t in pairs
+               if not _close(g, t, allowance_ms=wait_ms / (N_TOK - 1) if k == "tpot" else wait_ms)]
+        assert not off, f"request {q['index']}: (metric, client ms, truth ms) {off}; CPU wait {wait_ms:.2f} ms"
+    for key, ms in [*worst_ms.items(), ("cpu_wait", max(waits_ms))]:  # for reports: pytest --junitxml
+        record_property(f"worst_{key}_ms", round(ms, 3))
+    # What the run reports (issue 7) against the same statistic of the truth. TPOT and ITL get the band
+    # alone: a late chunk lengthens one gap and shortens the next, so they average out (worst 0.5 ms
+    # inside the band with two CPU hogs). A TTFT or E2E statistic moves as far as the largest error.
+    for key, want_s in truth_s.items():
+        want, allow_ms = loadgen.stats_ms(want_s), max(waits_ms) if key in ("ttft", "e2el") else 0.0
+        for stat in ("mean", "p50"):
+            assert _close(r[f"{key}_ms"][stat], want[stat], allowance_ms=allow_ms), (key, stat, r[f"{key}_ms"], want)
+
+
+def test_the_timed_server_keeps_its_configured_schedule(server, send_times):
+    """A sanity check of the truth, not of the client: the server writes token k no earlier than
+    arrival + TTFT + k * ITL, and at most SERVER_LATE_MS after it (its own wake-up and event-loop
+    delay, several ms when other processes take the CPU; the accuracy test does not depend on it)."""
+    w = _workload(server, {}, concurrency=1, num_requests=4)
+    r = loadgen.run(w, progress=False)
+    assert r["completed"] == 4
+    for _sent, tl, _wait_ms in _truth(server, w, r, send_times):
+        late_ms = [1e3 * (t - tl["received_s"]) - (TTFT_MS + k * ITL_MS) for k, t in enumerate(tl["text_written_s"])]
+        assert len(late_ms) == N_TOK and min(late_ms) >= -1e-6 and max(late_ms) <= SERVER_LATE_MS, late_ms
 
 
 def test_without_usage_tokens_are_counted_chunks(server):
@@ -70,10 +180,13 @@ def test_without_usage_tokens_are_counted_chunks(server):
     assert r["completed"] == 8 and r["output_tokens_source"] == "chunks" and r["output_tokens_mean"] == N_TOK
 
 
-def test_non_streaming_measures_latency_only(server):
-    r = _run(server, stream=False)
+def test_non_streaming_measures_latency_only(server, send_times):
+    w = _workload(server, None, stream=False)
+    r = loadgen.run(w, progress=False)
     assert r["completed"] == 8 and r["ttft_ms"]["n"] == 0 and r["tpot_ms"]["mean"] is None
-    assert _close(r["e2el_ms"]["mean"], TTFT_MS + (N_TOK - 1) * ITL_MS)
+    for q, (sent, tl, wait_ms) in zip(r["requests"], _truth(server, w, r, send_times), strict=True):
+        true_s = tl["events_written_s"][-1] - sent  # the whole body
+        assert q["e2el_s"] >= true_s and _close(1e3 * q["e2el_s"], 1e3 * true_s, allowance_ms=wait_ms), (q, tl)
 
 
 def test_concurrency_is_held_and_reported(server):

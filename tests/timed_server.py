@@ -4,7 +4,22 @@
 it (benchmarks/loadgen_overhead.py). It generates nothing: it streams ``n`` tokens, the
 first ``ttft_ms`` after the request arrives and then one every ``itl_ms``, on absolute
 deadlines (token k is due at arrival + ttft + k * itl), so sleep overshoot does not
-accumulate and the true TTFT and TPOT are the configured numbers.
+accumulate. It is still late against that schedule by its own wake-up and event-loop delay
+(measured on this 2-core machine: 0.1 to 4 ms with other work running, up to 8 ms with two
+CPU hogs), so the truth for a client is what the server actually did, which it records:
+
+- a **timeline** per answered request, from ``GET /_timelines`` (JSON, the last
+  ``TIMELINE_KEEP`` requests, oldest first): its ``prompt`` (to match it to the request a
+  test sent), when the handler received it (``received_s``), when the write of each data
+  event began (``text_written_s``: the chunks that carry generated text; ``events_written_s``:
+  every ``data:`` event but ``[DONE]``, role and usage chunks included; a response that is
+  not streamed is one event, its body), ``max_unsent_bytes`` (the transport's buffer after
+  each write: 0 means every event went to the kernel at once) and ``cpu_wait_s``, the time
+  the server waited for a CPU during the request (``cpu_wait_s()``).
+- **The clock** is ``time.perf_counter()``, the clock ``utils.loadgen`` timestamps with. On
+  Linux it is ``clock_gettime(CLOCK_MONOTONIC)`` (``time.get_clock_info``), one clock for the
+  whole system, so the server's and the client's readings compare directly although they
+  are two processes; ``time.time()`` would too, but NTP can step it mid-run.
 
 Behaviour is chosen per request by an optional path prefix, so one server process serves
 every scenario of a test module::
@@ -52,6 +67,7 @@ DEFAULTS = {
     "fail_every": 0, "fail_status": 500, "hang": 0, "hang_after": -1, "drop_after": -1,
     "end_after": -1, "malformed_after": -1, "error_after": -1, "plain": 0,
 }
+TIMELINE_KEEP = 4096  # timelines kept for GET /_timelines (a bounded memory for long benchmarks)
 ServerProcess = collections.namedtuple("ServerProcess", "url pid")
 _counters: dict[str, itertools.count] = defaultdict(lambda: itertools.count(1))
 
@@ -90,8 +106,57 @@ async def _sleep_until(deadline: float) -> None:
         await asyncio.sleep(delay)
 
 
+def cpu_wait_s() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux ``schedstat``'s
+    run_delay, CONFIG_SCHED_INFO); None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class _Timeline:
+    """What the server actually did for one request (perf_counter seconds, see above)."""
+
+    __slots__ = ("prompt", "scenario", "received_s", "text_written_s", "events_written_s", "max_unsent_bytes",
+                 "cpu_wait_s", "_wait0")
+
+    def __init__(self, prompt: str, scenario: str, received_s: float, wait0: float | None):
+        self.prompt, self.scenario, self.received_s, self._wait0 = prompt, scenario, received_s, wait0
+        self.text_written_s: list[float] = []
+        self.events_written_s: list[float] = []
+        self.max_unsent_bytes = 0
+        self.cpu_wait_s: float | None = None  # the server's wait for a CPU from receipt to the last event
+
+    def mark(self, t: float, request: web.Request, *, text: bool) -> None:
+        """Note an event whose write began at ``t`` (``text``: it carries generated text)."""
+        self.events_written_s.append(t)
+        if text:
+            self.text_written_s.append(t)
+        self.max_unsent_bytes = max(self.max_unsent_bytes, request.transport.get_write_buffer_size())
+
+    async def write(self, resp: web.StreamResponse, request: web.Request, data: bytes, *, text: bool) -> None:
+        # The time is read before the write: the write wakes the client, which may take this CPU
+        # before a time read after it (measured: a write that took 7.8 ms, with two CPU hogs).
+        t = time.perf_counter()
+        await resp.write(data)
+        self.mark(t, request, text=text)
+
+    def finish(self) -> None:
+        wait1 = cpu_wait_s()
+        self.cpu_wait_s = None if self._wait0 is None or wait1 is None else wait1 - self._wait0
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__ if not k.startswith("_")}
+
+
+async def _timelines(request):
+    return web.json_response([t.to_dict() for t in request.app["timelines"]])
+
+
 async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
-    t0 = time.perf_counter()
+    t0, wait0 = time.perf_counter(), cpu_wait_s()
     base = request.app["config"]
     scenario = request.match_info.get("scenario", "")
     cfg = _parse_scenario(scenario, base)
@@ -110,8 +175,8 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         await asyncio.sleep(3600)
     n = int(cfg["n"]) or int(body.get("max_tokens") or 16)
     ttft_s, itl_s = cfg["ttft_ms"] / 1e3, cfg["itl_ms"] / 1e3
-    prompt = body.get("prompt") if not chat else " ".join(m.get("content", "") for m in body.get("messages", []))
-    prompt_tokens = len(str(prompt).split())
+    prompt = str(body.get("prompt") if not chat else " ".join(m.get("content", "") for m in body.get("messages", [])))
+    prompt_tokens = len(prompt.split())
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
     model = body["model"]
 
@@ -123,13 +188,23 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         out = {"id": "t", "object": "chat.completion" if chat else "text_completion", "model": model, "choices": [choice]}
         if cfg["usage"]:
             out["usage"] = usage
-        return web.json_response(out)
+        timeline = _Timeline(prompt, scenario, t0, wait0)
+        request.app["timelines"].append(timeline)
+        resp = web.json_response(out)
+        await resp.prepare(request)
+        t = time.perf_counter()
+        await resp.write_eof()  # sent here, not after the handler returns, so that the time is known
+        timeline.mark(t, request, text=True)
+        timeline.finish()
+        return resp
 
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
+    timeline = _Timeline(prompt, scenario, t0, wait0)
+    request.app["timelines"].append(timeline)
     include_usage = cfg["usage"] and (not cfg["done"] or (body.get("stream_options") or {}).get("include_usage"))
     if chat and cfg["role_early"]:
-        await resp.write(_sse(_chunk(chat, "", None, model, role=True)))
+        await timeline.write(resp, request, _sse(_chunk(chat, "", None, model, role=True)), text=False)
     for k in range(n):
         if k == cfg["hang_after"]:
             await asyncio.sleep(3600)
@@ -148,10 +223,12 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         chunk = _chunk(chat, " tok", "length" if last else None, model, role=(chat and k == 0 and not cfg["role_early"]))
         if last and include_usage and not cfg["done"]:
             chunk["usage"] = usage  # transformers serve: usage in the last chunk, no [DONE]
-        await resp.write(_sse(chunk))
+        await timeline.write(resp, request, _sse(chunk), text=True)
+    if cfg["done"] and include_usage:
+        usage_event = {"id": "t", "object": "text_completion", "model": model, "choices": [], "usage": usage}
+        await timeline.write(resp, request, _sse(usage_event), text=False)
+    timeline.finish()
     if cfg["done"]:
-        if include_usage:
-            await resp.write(_sse({"id": "t", "object": "text_completion", "model": model, "choices": [], "usage": usage}))
         await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
@@ -177,6 +254,8 @@ def make_app(model: str = MODEL, **settings) -> web.Application:
     app = web.Application()
     app["config"] = {**DEFAULTS, **settings}
     app["model"] = model
+    app["timelines"] = collections.deque(maxlen=TIMELINE_KEEP)
+    app.router.add_get("/_timelines", _timelines)
     for prefix in ("", "/s/{scenario}"):
         app.router.add_post(prefix + "/v1/completions", _completions)
         app.router.add_post(prefix + "/v1/chat/completions", _chat)
