@@ -29,6 +29,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from utils import validate
+
 PRICES_LABEL = "prices change: dated, check before use"
 
 # -- the price table ----------------------------------------------------------------------
@@ -139,16 +141,8 @@ def gpu_price_usd_per_hour(gpu: str, *, kind: str = "on_demand", provider: str |
 
 # -- cost per unit of work ----------------------------------------------------------------
 
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _non_negative(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    return float(value)
+_positive = validate.positive
+_non_negative = validate.non_negative
 
 
 def cost_per_sample_usd(samples_per_s: float, usd_per_gpu_hour: float, n_gpus: int = 1) -> float:

@@ -17,13 +17,14 @@ Measured here on two H200 joined by NV18 NVLink (REFERENCE.md): all-reduce bus b
 """
 from __future__ import annotations
 
-import math
 import re
 import statistics
 import time
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
+
+from utils import validate
 
 # -- scaling ------------------------------------------------------------------------------
 
@@ -333,16 +334,8 @@ def _time_allreduce(buf, iters: int, group, on_cuda: bool, device) -> list[float
 
 # -- validation ----------------------------------------------------------------------------
 
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _non_negative(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
-    return float(value)
+_positive = validate.positive
+_non_negative = validate.non_negative
 
 
 def _count(name: str, value: int) -> int:
