@@ -91,7 +91,61 @@ _PHASE0 = {
     "h100": Phase0Sizes(8192, 1 << 28, 2000, 100, 16, 1024, "gpt2-small"),
 }
 
-_PHASES = {"00_foundations": _PHASE0}
+@dataclass(frozen=True)
+class Phase5Sizes:
+    matmul_n: int  # square matmul side (roofline point)
+    copy_numel: int  # fp32 elements copied (roofline point)
+    model: str  # config name in utils/models.py, for throughput and decode
+    train_batch: int
+    seq_len: int
+    train_steps: int
+    decode_batches: tuple[int, ...]  # batch sizes of the decode (right-sizing) measurements
+    prompt_len: int
+    new_tokens: int  # tokens generated per decode measurement
+    ckpt_model: str  # the checkpointed training run (utils.checkpoint.RunConfig)
+    ckpt_batch: int
+    ckpt_seq_len: int
+    ckpt_steps: int
+    ckpt_every: int
+    kill_after: int  # the notebook kills its run after this step (the grader picks another)
+    xla_dim: int  # width of the JAX layer in the recompilation experiment
+    xla_lengths: tuple[int, ...]  # sequence lengths fed to it, in order
+
+
+_XLA_CPU = (37, 50, 64, 100, 128, 129, 200, 256, 37, 64)
+_XLA_GPU = (300, 512, 700, 1024, 1500, 2048, 2049, 3000, 300, 1024)
+_PHASE5 = {
+    "cpu": Phase5Sizes(256, 1 << 20, "gpt2-tiny", 4, 64, 8, (1, 4, 16), 16, 16, "gpt2-tiny", 4, 32, 12, 4, 6,
+                       128, _XLA_CPU),
+    "t4": Phase5Sizes(4096, 1 << 26, "gpt2-small", 8, 256, 20, (1, 8, 32), 64, 32, "gpt2-small", 4, 128, 12, 4, 6,
+                      1024, _XLA_GPU),
+    "a100": Phase5Sizes(8192, 1 << 27, "gpt2-small", 16, 512, 30, (1, 8, 32, 64), 128, 64, "gpt2-small", 8, 256, 12,
+                        4, 6, 2048, _XLA_GPU),
+    "h100": Phase5Sizes(8192, 1 << 28, "gpt2-small", 16, 1024, 30, (1, 8, 32, 128), 128, 64, "gpt2-small", 8, 256,
+                        12, 4, 6, 4096, _XLA_GPU),
+}
+
+@dataclass(frozen=True)
+class Phase1Sizes:
+    model: str  # the training-loop model (utils/models.py preset)
+    seq_len: int
+    naive_batch: int  # the naive baseline's small batch
+    big_batch: int  # the optimized loop's batch
+    steps: int  # measured steps per loop
+    ft_model: str  # the LoRA/QLoRA model
+    ft_batch: int
+    ft_seq_len: int
+    min_speedup: float  # graded: optimized over naive tokens/s, same run (H200 reference 9.1x; smoke checks plumbing)
+
+
+_PHASE1 = {
+    "cpu": Phase1Sizes("gpt2-tiny", 64, 2, 8, 6, "llama-tiny", 2, 64, 0.5),
+    "t4": Phase1Sizes("gpt2-small", 512, 4, 16, 12, "llama-1.1b", 4, 512, 2.0),
+    "a100": Phase1Sizes("gpt2-small", 1024, 4, 32, 12, "llama-1.1b", 8, 512, 4.0),
+    "h100": Phase1Sizes("gpt2-small", 1024, 4, 32, 12, "llama-1.1b", 8, 512, 6.0),
+}
+
+_PHASES = {"00_foundations": _PHASE0, "01_single_gpu": _PHASE1, "05_hardware_and_cost": _PHASE5}
 
 
 def phase_sizes(phase: str, tier: str | None = None):

@@ -1,0 +1,104 @@
+"""The grader against the phase-1 notebook: real ``python -m grader check`` runs on CPU (smoke mode).
+
+The reference solution scores full marks, the untouched release scores zero, and a submission
+with a wrong diagnosis, a precision the device does not suit and a wrong cause loses exactly
+those cells. About a minute and a half on two cores.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "grader" / "source" / "01_single_gpu" / "01_single_gpu.ipynb"
+RELEASE = ROOT / "notebooks" / "01_single_gpu.ipynb"
+MAX = 14
+
+pytestmark = pytest.mark.slow
+
+
+def _gid(cell: dict):
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _src(cell: dict) -> str:
+    s = cell["source"]
+    return "".join(s) if isinstance(s, list) else s
+
+
+def answered() -> dict:
+    from grader.release import reference_submission
+
+    return reference_submission("01_single_gpu")
+
+
+def _edit(nb: dict, gid: str, old: str, new: str) -> None:
+    cell = next(c for c in nb["cells"] if _gid(c) == gid)
+    assert old in _src(cell), (gid, old)
+    cell["source"] = _src(cell).replace(old, new)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("phase1")
+    wrong = answered()
+    _edit(wrong, "profile_answer", "BOTTLENECK = profile.diagnosis", 'BOTTLENECK = "data-loading-bound"')
+    _edit(wrong, "optimized_answer", "precision=PRECISION,", 'precision="fp16",')
+    _edit(wrong, "cause_answer", "CAUSE = max(single_peaks, key=single_peaks.get)", 'CAUSE = "autocast"')
+    subs = {"ref": answered(), "rel": json.loads(RELEASE.read_text()), "wrong": wrong}
+    procs = {}
+    for name, nb in subs.items():
+        path = tmp / f"{name}.ipynb"
+        path.write_text(json.dumps(nb))
+        procs[name] = subprocess.Popen([sys.executable, "-m", "grader", "check", str(path), "--json-out",
+                                        str(tmp / f"{name}.json")], cwd=ROOT, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+    outs = {name: p.communicate(timeout=900) for name, p in procs.items()}
+    return {name: (procs[name].returncode, outs[name][0], json.loads((tmp / f"{name}.json").read_text()))
+            for name in subs}
+
+
+def _scores(res: dict) -> dict:
+    return {c["cell"]: c["score"] for c in res["cells"]}
+
+
+def test_reference_scores_full_marks(graded):
+    rc, out, res = graded["ref"]
+    assert rc == 0, out
+    assert res["score"] == res["max_score"] == MAX
+    assert all(c["mode"] == "measured live" for c in res["cells"] if c["cell"] != "test_rates")
+    assert len(res["cells"]) >= 6
+
+
+def test_release_scores_zero(graded):
+    rc, _, res = graded["rel"]
+    assert rc == 1 and res["score"] == 0
+
+
+def test_wrong_answers_lose_their_cells_only(graded):
+    rc, out, res = graded["wrong"]
+    scores = _scores(res)
+    assert rc == 1
+    assert scores["test_diagnosis"] == 0 and scores["test_optimized"] == 0 and scores["test_cause"] == 0, out
+    assert scores["test_rates"] == 2 and scores["test_baseline"] == 2 and scores["test_finetune"] == 3, out
+    msgs = " | ".join(c.get("message", "") for c in res["cells"])
+    assert "BOTTLENECK" in msgs and "precision" in msgs and "CAUSE" in msgs
+
+
+def test_release_is_current_and_clean():
+    from grader.release import released_text
+
+    text = released_text("01_single_gpu")
+    assert text == RELEASE.read_text(), "notebooks/ is stale: run python -m grader release"
+    for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "_p1.check_", "BOTTLENECK = profile.diagnosis"):
+        assert marker not in text
+
+
+def test_every_source_cell_has_an_nbgrader_id():
+    cells = json.loads(SOURCE.read_text())["cells"]
+    assert all(_gid(c) for c in cells)
+    assert sum(1 for c in cells if c["metadata"]["nbgrader"].get("grade")) >= 6
