@@ -15,6 +15,7 @@ Activations follow Korthikanti et al. 2022 (arXiv 2205.05198).
 """
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -188,6 +189,7 @@ class PeakMemory:
 
             self._torch = torch
             self.source = "torch.cuda"
+            gc.collect()  # garbage in a reference cycle would count in the baseline, then be freed
             device_sync(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.baseline_allocated_gib = torch.cuda.memory_allocated(self.device) / GIB
