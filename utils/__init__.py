@@ -13,6 +13,9 @@ Imported from the repository root (``import utils``). One concept per module:
 - ``loadgen``: load generator for OpenAI-compatible servers (``python -m utils.loadgen``)
 - ``exporter``: Prometheus exporter with dcgm-exporter's names (``python -m utils.exporter``)
 - ``cost``: cost per sample and per 1M tokens, spot, right-sizing, MIG
+- ``checkpoint``: DCP checkpoints, kill-and-resume bit for bit, checkpoint overhead (``python -m utils.checkpoint``)
+- ``xla``: JAX under XLA: compile counting, compile vs run time, bucketing
+- ``topology``: ``nvidia-smi topo -m`` parsing, NCCL's view, network links
 - ``plots``: the course's figures
 - ``record``: the measurement record the grader reads
 - ``env``: Colab/Kaggle/local, smoke mode, sizes by device
