@@ -1,4 +1,4 @@
-"""End-to-end GPU check of the grader on phase 0: ``python -m grader.gpu_check OUT_DIR``.
+"""End-to-end GPU check of the grader: ``python -m grader.gpu_check OUT_DIR [--assignment ID]`` (default phase 0).
 
 Runs unattended on a machine with a CUDA GPU and nbgrader installed:
 
@@ -53,10 +53,15 @@ def _grader_lines(notebook: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m grader.gpu_check OUT_DIR", file=sys.stderr)
-        return 2
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m grader.gpu_check", description="grade a lab's reference answers "
+                                 "live on this GPU, then from the record it wrote with the GPU hidden")
+    ap.add_argument("out", help="output folder")
+    ap.add_argument("--assignment", default=ASSIGNMENT, help=f"the lab (default {ASSIGNMENT})")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    args = [a.out]
+    assignment = a.assignment
     import torch
 
     from grader.release import reference_submission
@@ -66,14 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA GPU visible; this check needs one (CPU grading is what the tests cover)", file=sys.stderr)
         return 2
-    nb = out / f"{ASSIGNMENT}.ipynb"
-    nb.write_text(json.dumps(reference_submission(ASSIGNMENT), indent=1))
+    nb = out / f"{assignment}.ipynb"
+    nb.write_text(json.dumps(reference_submission(assignment), indent=1))
     summary: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
     summary["check_gpu"] = _check(nb, out, "check_gpu", dict(os.environ), [])
     graded = out / "gpu" / "autograded" / "self"
-    record = graded / f"{ASSIGNMENT}.record.json"
-    summary["live_lines"] = _grader_lines(graded / f"{ASSIGNMENT}.ipynb")
+    record = graded / f"{assignment}.record.json"
+    summary["live_lines"] = _grader_lines(graded / f"{assignment}.ipynb")
     if record.is_file():
         rec = json.loads(record.read_text())
         summary["measurements"] = {k: {"value": m["value"], "unit": m["unit"], "method": m.get("method"),
