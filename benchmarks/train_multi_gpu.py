@@ -1,0 +1,297 @@
+"""Phase 2 reference training run on 1..N GPUs: DDP or FSDP through Accelerate, timed per rank.
+
+    accelerate launch --config_file benchmarks/accelerate/ddp.yaml --num_processes 2 \\
+        benchmarks/train_multi_gpu.py --out r2.json --bf16 --compile --baseline r1.json
+    accelerate launch --config_file benchmarks/accelerate/ddp.yaml --num_processes 2 \\
+        benchmarks/train_multi_gpu.py \\
+        --out cpu.json --preset gpt2-tiny --batch-per-device 2 --seq 64 --steps 3 --warmup 1
+    python benchmarks/train_multi_gpu.py --check-config benchmarks/accelerate/fsdp_full_shard.yaml
+
+The model is ``utils.models.build_model(preset)`` (random weights, no network), the data the
+shipped text cut into ``TokenBlocks``, rank ``r`` of ``W`` taking blocks ``r, r+W, r+2W, ...``
+(each rank a disjoint shard, as a ``DistributedSampler`` would give). Each rank times its own
+steps with ``utils.timing.Stopwatch`` (CUDA events on a GPU, so no per-step sync), after a
+barrier so all ranks start together; rank 0 gathers every rank's numbers and writes one JSON:
+per-rank tokens/s, their sum (``total_tokens_per_s``), the slowest rank and the total it
+bounds (``W x slowest``: ranks wait for each other at every gradient all-reduce, so the
+slowest sets the pace), step-time statistics, peak memory per rank and MFU against the
+datasheet peak (``utils.hardware``; bf16 peak with ``--bf16``, fp32 otherwise).
+
+``--measure-comm`` (DDP only) times the same steps a second time with the whole step under
+``accelerator.no_sync`` (no gradient all-reduce) and reports
+``share = 1 - t_nosync / t_sync`` (medians). This is the *exposed* communication, the part
+of the all-reduce the backward pass did not hide, not the total time spent in NCCL, which
+DDP's bucketing overlaps with the backward pass.
+
+``--baseline FILE`` reads a 1-GPU result of this script (same preset, batch, seq) and adds
+``utils.distributed.scaling_efficiency`` of per-device throughput.
+
+``--grad-accum N`` runs N micro-batches per optimizer step with ``no_sync`` on all but the
+last (gradients all-reduced once per step); ``--no-sync-accum`` drops the ``no_sync``, so
+every micro-batch all-reduces: the accumulation mistake issue 5 asks to measure.
+
+The NCCL/NVSHMEM multicast variables are set (``setdefault``) before torch is imported:
+NVLink multicast can take a shared host's GPUs out of service (shared/REFERENCE.md).
+FSDP on a CPU is refused with one line: Accelerate 1.15 switches to FSDP only for GPU-like
+distributed types (``accelerate/state.py``), so an FSDP config on gloo would silently run as
+plain multi-CPU DDP. On a CPU machine launch the DDP config: ``accelerate launch --cpu
+--num_processes 2`` starts a single process unless MPI is set up (Accelerate's simple
+launcher), while ``--config_file benchmarks/accelerate/ddp.yaml --num_processes 2`` starts two
+through torchrun, and the script asks Accelerate for ``cpu=True`` (gloo) when there is no CUDA.
+"""
+from __future__ import annotations
+
+import os
+
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(_k, _v)
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PROG = "train_multi_gpu.py"
+ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_")
+
+
+class UsageError(ValueError):
+    """Bad input: reported as one line, exit status 2."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, help="JSON file rank 0 writes")
+    p.add_argument("--preset", default="gpt2-small")
+    p.add_argument("--batch-per-device", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=30, help="measured optimizer steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile, allocator)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the prepared model")
+    p.add_argument("--bf16", action="store_true", help="Accelerate mixed_precision='bf16' (overrides the config)")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--no-sync-accum", action="store_true", help="all-reduce on every micro-batch")
+    p.add_argument("--measure-comm", action="store_true", help="also time steps without gradient sync (DDP)")
+    p.add_argument("--baseline", type=Path, help="a 1-GPU result of this script: adds scaling efficiency")
+    p.add_argument("--check-config", type=Path, metavar="YAML",
+                   help="parse an Accelerate config file, print its distributed type, exit")
+    return p.parse_args(argv)
+
+
+def check_config(path: Path) -> dict:
+    """Parse an Accelerate config file with Accelerate's own loader; one-line error if bad."""
+    if not path.is_file():
+        raise UsageError(f"config file {path} does not exist; pass one of benchmarks/accelerate/*.yaml")
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    try:
+        cfg = load_config_from_file(str(path))
+    except Exception as exc:  # accelerate raises several types for a malformed file
+        raise UsageError(f"config file {path} is not a valid Accelerate config: {exc}") from None
+    return {"distributed_type": str(cfg.distributed_type.value if hasattr(cfg.distributed_type, "value")
+                                    else cfg.distributed_type),
+            "num_processes": cfg.num_processes, "fsdp_config": cfg.fsdp_config or None}
+
+
+def validate(args: argparse.Namespace) -> dict | None:
+    """Check every argument before any process group starts; returns the baseline result."""
+    from utils.models import MODEL_PRESETS
+
+    if args.out is None:
+        raise UsageError("--out FILE.json is required")
+    if not args.out.parent.is_dir():
+        raise UsageError(f"the folder of --out ({args.out.parent}) does not exist; create it first")
+    if args.preset not in MODEL_PRESETS:
+        raise UsageError(f"unknown preset {args.preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    for name, low in (("batch_per_device", 1), ("seq", 1), ("steps", 1), ("warmup", 0), ("grad_accum", 1)):
+        if getattr(args, name) < low:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.baseline is None:
+        return None
+    try:
+        base = json.loads(args.baseline.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read --baseline {args.baseline}: {exc}") from None
+    if base.get("world_size") != 1:
+        raise UsageError(f"--baseline {args.baseline} has world_size {base.get('world_size')}; pass a 1-GPU result")
+    for key in ("preset", "batch_per_device", "seq", "grad_accum"):
+        if base.get("config", {}).get(key) != getattr(args, key):
+            raise UsageError(f"--baseline {args.baseline} has {key}={base.get('config', {}).get(key)!r}, "
+                             f"this run {getattr(args, key)!r}: compare like with like")
+    return base
+
+
+def _fsdp_on_cpu() -> bool:
+    import torch
+
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "false").lower() == "true" or not torch.cuda.is_available()
+    return fsdp and cpu
+
+
+def _batches(args: argparse.Namespace, rank: int, world: int, vocab_size: int, device) -> list:
+    """Up to 8 distinct (input_ids, labels) micro-batches of this rank's shard, already on the device."""
+    import torch
+
+    from utils.models import TokenBlocks, get_tokenizer
+
+    ds = TokenBlocks(get_tokenizer(None, offline=True), None, args.seq, vocab_size=vocab_size)
+    out = []
+    for b in range(8):
+        idx = [(rank + world * (b * args.batch_per_device + j)) % len(ds) for j in range(args.batch_per_device)]
+        x = torch.stack([ds[i][0] for i in idx]).to(device)
+        out.append((x, x))  # HF convention: labels = input_ids, shifted inside the loss
+    return out
+
+
+def _distributed_info(accelerator) -> dict:
+    info = {"distributed_type": str(accelerator.distributed_type.value)}
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if plugin is not None:
+        info["fsdp_version"] = plugin.fsdp_version
+        strat = plugin.reshard_after_forward
+        info["sharding_strategy"] = getattr(strat, "name", str(strat))
+    elif accelerator.num_processes == 1:
+        info["sharding_strategy"] = "none (one process, no wrapper)"
+    elif accelerator.distributed_type.value in ("MULTI_GPU", "MULTI_CPU"):
+        info["sharding_strategy"] = "DDP (replicated)"
+    return info
+
+
+def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
+    """The timed loop on this rank; rank 0 returns the gathered result (others None)."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import gather_object
+
+    from utils.flops import flops_per_token_from_config, mfu_from_throughput
+    from utils.hardware import current_spec, fingerprint
+    from utils.models import build_model
+    from utils.record import utils_hash
+    from utils.timing import Stopwatch
+
+    # cpu=True without CUDA: a DDP config launched on a CPU machine then runs over gloo
+    # (Accelerate picks MULTI_CPU only when told cpu; `accelerate launch --cpu` alone starts one process)
+    accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None, cpu=not torch.cuda.is_available())
+    dist = _distributed_info(accelerator)
+    if args.measure_comm and dist["distributed_type"] not in ("MULTI_GPU", "MULTI_CPU"):
+        raise UsageError(f"--measure-comm needs DDP with 2+ processes, this run is {dist['distributed_type']}")
+    rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
+    on_cuda = device.type == "cuda"
+
+    torch.manual_seed(0)  # same initial weights on every rank (FSDP does not broadcast them)
+    model = build_model(args.preset, device=device)
+    cfg = model.config
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=on_cuda)
+    model, opt = accelerator.prepare(model, opt)
+    wrapped = model  # no_sync lives on the DDP/FSDP wrapper
+    if args.compile:
+        model = torch.compile(model)
+    batches = _batches(args, rank, world, cfg.vocab_size, device)
+    tokens_per_step = args.batch_per_device * args.seq * args.grad_accum
+
+    def step(i: int, sync: bool) -> None:
+        for m in range(args.grad_accum):
+            x, y = batches[(i * args.grad_accum + m) % len(batches)]
+            last = m == args.grad_accum - 1
+            skip = not sync or (not last and not args.no_sync_accum)
+            with accelerator.no_sync(wrapped) if skip else contextlib.nullcontext():
+                loss = model(input_ids=x, labels=y).loss / args.grad_accum
+                accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def timed(sync: bool) -> dict:
+        sw = Stopwatch(warmup_steps=args.warmup, tokens_per_step=tokens_per_step, device=device)
+        accelerator.wait_for_everyone()
+        for i in range(args.warmup + args.steps):
+            with sw.step():
+                step(i, sync)
+        return sw.summary()
+
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    s = timed(sync=True)
+    mine = {"rank": rank, "device": str(device), "tokens_per_s": s["tokens_per_s"], "steps": s["steps"],
+            "warmup_steps": s["warmup_steps"], "timing_method": s["method"], "median_ms": s["median_ms"],
+            "p20_ms": s["p20_ms"], "p80_ms": s["p80_ms"], "mean_ms": s["mean_ms"], "std_ms": s["std_ms"],
+            "total_s": s["total_s"], "step_times_ms": s["step_times_ms"],
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if on_cuda else None,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if on_cuda else None}
+    if args.measure_comm:
+        n = timed(sync=False)
+        mine["nosync_median_ms"] = n["median_ms"]
+        mine["exposed_comm_share"] = max(0.0, 1.0 - n["median_ms"] / s["median_ms"])
+    ranks = gather_object([mine])
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        return None
+
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    tps = [r["tokens_per_s"] for r in ranks]
+    slow = min(ranks, key=lambda r: r["tokens_per_s"])
+    per_device = statistics.fmean(tps)
+    spec = current_spec(0) if on_cuda else None
+    peak_dtype = "bf16" if args.bf16 else "fp32"
+    peak = spec.peak_tflops(peak_dtype) if spec is not None else None
+    fpt = flops_per_token_from_config(cfg, args.seq)
+    res = {
+        "world_size": world, **dist, "mixed_precision": accelerator.mixed_precision,
+        "config": {"preset": args.preset, "batch_per_device": args.batch_per_device, "seq": args.seq,
+                   "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "bf16": args.bf16,
+                   "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum},
+        "tokens_per_step_per_device": tokens_per_step,
+        "per_rank": ranks,
+        "tokens_per_s_per_device": per_device,
+        "total_tokens_per_s": sum(tps),
+        "slowest_rank": slow["rank"], "slowest_rank_tokens_per_s": slow["tokens_per_s"],
+        "total_tokens_per_s_slowest_bound": world * slow["tokens_per_s"],
+        "step_median_ms_slowest": max(r["median_ms"] for r in ranks),
+        "peak_allocated_gib_per_rank": [r["peak_allocated_gib"] for r in ranks],
+        "flops_per_token": fpt, "peak_tflops": peak, "peak_dtype": peak_dtype,
+        "mfu_per_device": mfu_from_throughput(per_device, fpt, peak) if peak else None,
+        "mfu_note": None if peak else "no datasheet peak for this device (CPU or unknown GPU)",
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+        "torch": torch.__version__, "fingerprint": fingerprint(0), "utils_sha256": utils_hash(),
+    }
+    if args.measure_comm:
+        res["exposed_comm_share"] = max(r["exposed_comm_share"] for r in ranks)
+        res["exposed_comm_note"] = "1 - t_nosync/t_sync (median step, worst rank): exposed, not total, communication"
+    if baseline is not None:
+        from utils.distributed import scaling_efficiency
+
+        base_tps = baseline["total_tokens_per_s"]
+        res["baseline"] = {"file": str(args.baseline), "tokens_per_s": base_tps}
+        res["scaling_efficiency"] = scaling_efficiency(per_device, base_tps, world, per_device=True)
+        res["scaling_efficiency_slowest"] = scaling_efficiency(slow["tokens_per_s"], base_tps, world, per_device=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.check_config is not None:
+            print(json.dumps(check_config(args.check_config)))
+            return 0
+        baseline = validate(args)
+        if _fsdp_on_cpu():
+            raise UsageError("FSDP needs CUDA GPUs here (NCCL); on a CPU run the DDP config or no config")
+        res = run(args, baseline)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    if res is not None:
+        args.out.write_text(json.dumps(res, indent=1, default=str))
+        keep = ("world_size", "distributed_type", "sharding_strategy", "tokens_per_s_per_device", "total_tokens_per_s",
+                "slowest_rank_tokens_per_s", "mfu_per_device", "peak_allocated_gib_per_rank", "exposed_comm_share",
+                "scaling_efficiency")
+        print(json.dumps({k: res[k] for k in keep if k in res}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""benchmarks/train_multi_gpu.py: a real two-process DDP run over gloo, the configs, bad input."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "train_multi_gpu.py"
+CONFIGS = ROOT / "benchmarks" / "accelerate"
+# the code behind the `accelerate launch` command, found through this interpreter (no PATH lookup)
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("train_multi_gpu", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tmg = _load()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_line_error(capsys, rc: int, needle: str) -> None:
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("train_multi_gpu.py: error:") and needle in err, err
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """One real `accelerate launch` of the DDP config with 2 CPU processes, with every option
+    that changes the loop (accumulation, --measure-comm, --baseline)."""
+    d = tmp_path_factory.mktemp("ddp")
+    base = d / "one_gpu.json"
+    base.write_text(json.dumps({"world_size": 1, "total_tokens_per_s": 1000.0,
+                                "config": {"preset": "gpt2-tiny", "batch_per_device": 2, "seq": 32, "grad_accum": 2}}))
+    out = d / "ddp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "GPULAB_SMOKE": "1"}
+    cmd = [*LAUNCH, "--config_file", str(CONFIGS / "ddp.yaml"), "--num_processes", "2",
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()),
+           str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
+           "--steps", "3", "--warmup", "1", "--grad-accum", "2", "--measure-comm", "--baseline", str(base)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_ddp_two_cpu_processes(ddp_run):
+    r = ddp_run
+    assert r["world_size"] == 2 and r["distributed_type"] == "MULTI_CPU"
+    assert [x["rank"] for x in r["per_rank"]] == [0, 1]
+    tps = [x["tokens_per_s"] for x in r["per_rank"]]
+    assert all(t > 0 for t in tps)
+    assert r["total_tokens_per_s"] == pytest.approx(sum(tps))
+    assert r["slowest_rank_tokens_per_s"] == min(tps)
+    assert r["total_tokens_per_s_slowest_bound"] == pytest.approx(2 * min(tps))
+    assert r["tokens_per_step_per_device"] == 2 * 32 * 2
+    for x in r["per_rank"]:
+        assert x["steps"] == 3 and x["warmup_steps"] == 1 and len(x["step_times_ms"]) == 3
+        # tokens/s is exactly the measured tokens over the measured time
+        assert x["tokens_per_s"] == pytest.approx(3 * 128 / x["total_s"])
+        assert 0.0 <= x["exposed_comm_share"] < 1.0
+    assert r["exposed_comm_share"] == max(x["exposed_comm_share"] for x in r["per_rank"])
+
+
+def test_ddp_record_fields(ddp_run):
+    r = ddp_run
+    assert r["env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert r["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and r["env"]["NVSHMEM_DISABLE_NVLS"] == "1"
+    from utils.record import utils_hash
+
+    assert r["utils_sha256"] == utils_hash()
+    assert r["fingerprint"]["kind"] == "cpu"
+    assert r["mfu_per_device"] is None and r["mfu_note"]  # a CPU has no datasheet peak
+    assert r["flops_per_token"] > 0
+    # per-device efficiency against the (made-up) 1000 tokens/s baseline
+    assert r["scaling_efficiency"] == pytest.approx(r["tokens_per_s_per_device"] / 1000.0)
+
+
+@pytest.mark.parametrize("name, strategy", [("fsdp_full_shard.yaml", "FULL_SHARD"),
+                                            ("fsdp_shard_grad_op.yaml", "SHARD_GRAD_OP")])
+def test_fsdp_configs_parse_with_accelerate(name, strategy):
+    cfg = tmg.check_config(CONFIGS / name)
+    assert cfg["distributed_type"] == "FSDP"
+    assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] == strategy
+    assert cfg["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "GPT2Block"
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=1, reshard_after_forward=strategy)
+    assert plugin.reshard_after_forward.name == strategy  # Accelerate accepts the name
+
+
+def test_ddp_config_parses():
+    assert tmg.check_config(CONFIGS / "ddp.yaml")["distributed_type"] == "MULTI_GPU"
+
+
+def test_fsdp_refused_on_cpu(monkeypatch, capsys, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("FSDP runs on this machine")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny"])
+    _one_line_error(capsys, rc, "FSDP needs CUDA")
+
+
+def test_missing_config_file(capsys, tmp_path):
+    _one_line_error(capsys, tmg.main(["--check-config", str(tmp_path / "nope.yaml")]), "does not exist")
+
+
+def test_bad_preset(capsys, tmp_path):
+    _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt9"]), "unknown preset 'gpt9'")
+
+
+@pytest.mark.parametrize("extra, needle", [(["--steps", "0"], "--steps must be >= 1"),
+                                           (["--grad-accum", "0"], "--grad-accum must be >= 1")])
+def test_bad_counts(capsys, tmp_path, extra, needle):
+    _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "x.json"), *extra]), needle)
+
+
+def test_missing_out_folder(capsys, tmp_path):
+    _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "no" / "x.json")]), "does not exist")
+
+
+def test_bad_baseline(capsys, tmp_path):
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps({"world_size": 2, "total_tokens_per_s": 1.0}))
+    _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "x.json"), "--baseline", str(two)]), "world_size 2")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"world_size": 1, "config": {"preset": "gpt2-small", "batch_per_device": 8}}))
+    _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "x.json"), "--baseline", str(other)]), "batch_per_device")
