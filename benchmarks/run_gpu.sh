@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
-# Steps: device monitor timing profiling exporter models grader allreduce (default: all but grader, allreduce).
+# Steps: device monitor timing profiling exporter models grader allreduce multigpu
+# (default: the first six).
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
 set -uo pipefail
 out=${1:-out}; shift || true
@@ -27,6 +28,10 @@ torch.cuda.synchronize()" & load=$!
     grader) run python -m grader check notebooks/00_foundations.ipynb --json-out "$out/grader_check.json" ;;
     allreduce) n=$(python -c "import torch; print(torch.cuda.device_count())")
       run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce.json" ;;
+    multigpu) n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_ddp_1gpu.json" --bf16 --compile
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_${n}gpu.json" --bf16 --compile --measure-comm --baseline "$out/p2_ddp_1gpu.json"
+      run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json" ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac
 done
