@@ -228,7 +228,12 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         mine["exposed_comm_share"] = max(0.0, 1.0 - n["median_ms"] / s["median_ms"])
     ranks = gather_object([mine])
     accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
+    is_main = accelerator.is_main_process
+    # every rank tears the group down before exiting: a rank that exits with gloo's threads
+    # still running can abort ("terminate called without an active exception"), seen in CI
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    if not is_main:
         return None
 
     ranks = sorted(ranks, key=lambda r: r["rank"])
