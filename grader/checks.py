@@ -340,6 +340,24 @@ def submitted_record():
     return rec if fp.get("kind") == "gpu" else None
 
 
+def announce_from_record(what: str) -> None:
+    """Say in the feedback that ``what`` is graded from the learner's GPU record, and when it
+    was taken (rule 5 of DESIGN.md: the feedback says so)."""
+    import datetime
+
+    rec = submitted_record()
+    times = [m.time_unix for m in rec.measurements.values() if isinstance(m.time_unix, (int, float))]
+    when = (datetime.datetime.fromtimestamp(max(times), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            if times else "time unknown")
+    say(f"{RECORD}: {what} from your {rec.fingerprint.get('name')} run ({when}); "
+        "not re-measured, this grading machine has no GPU")
+
+
+def record_ok(what: str) -> None:
+    """The feedback line for a recorded number that passed every record check."""
+    say(f"  {what}: fingerprint, utils hash, internal consistency and datasheet limits check out")
+
+
 def grading_mode() -> str:
     """:data:`RECORD` when this machine has no GPU and the learner's record is from one."""
     if gpu_here():

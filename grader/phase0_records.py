@@ -13,7 +13,6 @@ proves the arithmetic, not the run. Grade on a GPU where that matters.
 """
 from __future__ import annotations
 
-import datetime
 import math
 from pathlib import Path
 from typing import Any
@@ -106,16 +105,11 @@ def save_record(ns: dict, path: str | Path | None = None):
 # -- reading --------------------------------------------------------------------------------
 
 def announce(what: str) -> None:
-    rec = checks.submitted_record()
-    times = [m.time_unix for m in rec.measurements.values() if isinstance(m.time_unix, (int, float))]
-    when = (datetime.datetime.fromtimestamp(max(times), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-            if times else "time unknown")
-    checks.say(f"{checks.RECORD}: {what} from your {rec.fingerprint.get('name')} run ({when}); "
-               "not re-measured, this grading machine has no GPU")
+    checks.announce_from_record(what)
 
 
 def _ok(what: str) -> None:
-    checks.say(f"  {what}: fingerprint, utils hash, internal consistency and datasheet limits check out")
+    checks.record_ok(what)
 
 
 def _times(rec, name: str) -> float:

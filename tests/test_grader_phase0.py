@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.nbcells import cell as _cell
+from tests.nbcells import gid as _gid
+from tests.nbcells import src as _src
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "grader" / "source" / "00_foundations" / "00_foundations.ipynb"
 RELEASE = ROOT / "notebooks" / "00_foundations.ipynb"
@@ -34,17 +38,7 @@ def _load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _gid(cell: dict) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
-
-def _src(cell: dict) -> str:
-    s = cell["source"]
-    return "".join(s) if isinstance(s, list) else s
-
-
-def _cell(nb: dict, gid: str) -> dict:
-    return next(c for c in nb["cells"] if _gid(c) == gid)
 
 
 def answered() -> dict:

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.nbcells import gid as _gid
+from tests.nbcells import src as _src
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "grader" / "source" / "01_single_gpu" / "01_single_gpu.ipynb"
 RELEASE = ROOT / "notebooks" / "01_single_gpu.ipynb"
@@ -21,13 +24,6 @@ MAX = 14
 pytestmark = pytest.mark.slow
 
 
-def _gid(cell: dict):
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-
-
-def _src(cell: dict) -> str:
-    s = cell["source"]
-    return "".join(s) if isinstance(s, list) else s
 
 
 def answered() -> dict:

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.nbcells import cell as _cell
+from tests.nbcells import gid as _gid
+from tests.nbcells import src as _src
+
 ROOT = Path(__file__).resolve().parent.parent
 ASSIGNMENT = "05_hardware_and_cost"
 SOURCE = ROOT / "grader" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
@@ -33,17 +37,7 @@ TIMEOUT_S = 150  # per cell: the kill-and-resume cells run three training proces
 pytestmark = pytest.mark.slow
 
 
-def _gid(cell: dict) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
-
-def _src(cell: dict) -> str:
-    s = cell["source"]
-    return "".join(s) if isinstance(s, list) else s
-
-
-def _cell(nb: dict, gid: str) -> dict:
-    return next(c for c in nb["cells"] if _gid(c) == gid)
 
 
 def answered() -> dict:
