@@ -49,7 +49,13 @@ def ladder(smoke: bool):
             (f"eager, batch {b1 // 4} x accum 4", with_changes(padded, batch_size=b1 // 4, grad_accum=4)),
             ("eager + activation checkpointing", with_changes(padded, checkpointing=True)),
             ("optimized, dropout off", with_changes(compiled, dropout=0.0)),
-            (f"optimized, dropout off, batch {2 * b1}", with_changes(compiled, dropout=0.0, batch_size=2 * b1))]
+            (f"optimized, dropout off, batch {2 * b1}", with_changes(compiled, dropout=0.0, batch_size=2 * b1)),
+            # the MFU push (issue 4): CUDA graphs remove the remaining launch gaps; max-autotune
+            # benchmarks Triton matmul/attention templates against cuBLAS at compile time (minutes)
+            (f"optimized, dropout off, batch {2 * b1}, CUDA graphs",
+             with_changes(compiled, dropout=0.0, batch_size=2 * b1, compile_mode="reduce-overhead")),
+            (f"optimized, dropout off, batch {2 * b1}, max-autotune",
+             with_changes(compiled, dropout=0.0, batch_size=2 * b1, compile_mode="max-autotune-no-cudagraphs"))]
 
 
 def run_loops(out: Path, smoke: bool, steps: int, only: tuple = ()) -> dict:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
-# Steps: device monitor timing profiling exporter models grader allreduce multigpu
+# Steps: device monitor timing profiling exporter models grader allreduce multigpu breaks accum
 # (default: the first six).
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
 set -uo pipefail
@@ -31,7 +31,28 @@ torch.cuda.synchronize()" & load=$!
     multigpu) n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_ddp_1gpu.json" --bf16 --compile
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_${n}gpu.json" --bf16 --compile --measure-comm --baseline "$out/p2_ddp_1gpu.json"
-      run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json" ;;
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
+      run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
+      run accelerate launch --config_file $cfg/fsdp_shard_grad_op.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_sgo_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json" ;;
+    breaks) # where scaling breaks, eager bf16 (each against a 1-GPU run of the same shape)
+      n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate; t=benchmarks/train_multi_gpu.py
+      al() { np=$1; shift; run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$np" $t --bf16 "$@"; }
+      al 1 --out "$out/p2b_eager_1gpu.json"
+      al "$n" --out "$out/p2b_eager_${n}gpu.json" --measure-comm --baseline "$out/p2b_eager_1gpu.json"
+      export NCCL_P2P_DISABLE=1  # traffic through host memory, as between GPUs without NVLink or P2P
+      al "$n" --out "$out/p2b_p2p_off_${n}gpu.json" --measure-comm --baseline "$out/p2b_eager_1gpu.json"
+      run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce_p2p_off.json"
+      unset NCCL_P2P_DISABLE
+      al 1 --out "$out/p2b_small_1gpu.json" --batch-per-device 1
+      al "$n" --out "$out/p2b_small_${n}gpu.json" --batch-per-device 1 --measure-comm --baseline "$out/p2b_small_1gpu.json"
+ ;;
+    accum) # accumulation over 4 micro-batches, all-reduce once (no_sync) vs on every micro-batch, eager bf16
+      n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate; t=benchmarks/train_multi_gpu.py
+      al() { np=$1; shift; run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$np" $t --bf16 "$@"; }
+      a="--batch-per-device 4 --grad-accum 4 --steps 20"
+      al 1 --out "$out/p2b_accum_1gpu.json" $a
+      al "$n" --out "$out/p2b_accum_syncall_${n}gpu.json" $a --no-sync-accum --baseline "$out/p2b_accum_1gpu.json"
+      al "$n" --out "$out/p2b_accum_nosync_${n}gpu.json" $a --baseline "$out/p2b_accum_1gpu.json" ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac
 done

@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile, allocator)")
     p.add_argument("--compile", action="store_true", help="torch.compile the prepared model")
     p.add_argument("--bf16", action="store_true", help="Accelerate mixed_precision='bf16' (overrides the config)")
+    p.add_argument("--bucket-mb", type=int, default=25, help="DDP bucket_cap_mb (PyTorch's default 25)")
+    p.add_argument("--bucket-view", action="store_true", help="DDP gradient_as_bucket_view=True (no grad copy)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--no-sync-accum", action="store_true", help="all-reduce on every micro-batch")
     p.add_argument("--measure-comm", action="store_true", help="also time steps without gradient sync (DDP)")
@@ -107,7 +109,8 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError(f"the folder of --out ({args.out.parent}) does not exist; create it first")
     if args.preset not in MODEL_PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
-    for name, low in (("batch_per_device", 1), ("seq", 1), ("steps", 1), ("warmup", 0), ("grad_accum", 1)):
+    for name, low in (("batch_per_device", 1), ("seq", 1), ("steps", 1), ("warmup", 0), ("grad_accum", 1),
+                      ("bucket_mb", 1)):
         if getattr(args, name) < low:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
     if args.baseline is None:
@@ -148,12 +151,16 @@ def _batches(args: argparse.Namespace, rank: int, world: int, vocab_size: int, d
     return out
 
 
-def _distributed_info(accelerator) -> dict:
+def _distributed_info(accelerator, wrapped=None) -> dict:
+    """What actually wraps the model: read from the prepared module (FSDP1 keeps its
+    ``sharding_strategy``), not from the plugin, whose fields depend on which config key set it."""
     info = {"distributed_type": str(accelerator.distributed_type.value)}
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if plugin is not None:
         info["fsdp_version"] = plugin.fsdp_version
-        strat = plugin.reshard_after_forward
+        strat = getattr(wrapped, "sharding_strategy", None)
+        if strat is None:
+            strat = plugin.reshard_after_forward if plugin.reshard_after_forward is not None else plugin.sharding_strategy
         info["sharding_strategy"] = getattr(strat, "name", str(strat))
     elif accelerator.num_processes == 1:
         info["sharding_strategy"] = "none (one process, no wrapper)"
@@ -166,7 +173,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     """The timed loop on this rank; rank 0 returns the gathered result (others None)."""
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import gather_object
+    from accelerate.utils import DistributedDataParallelKwargs, gather_object
 
     from utils.flops import flops_per_token_from_config, mfu_from_throughput
     from utils.hardware import current_spec, fingerprint
@@ -174,9 +181,13 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     from utils.record import utils_hash
     from utils.timing import Stopwatch
 
+    # DDP's gradient buckets: fewer, larger buckets mean fewer all-reduce launches (and, under
+    # torch.compile, fewer graph splits by DDPOptimizer, which cuts the graph at each bucket)
+    ddp_kwargs = DistributedDataParallelKwargs(bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=args.bucket_view)
     # cpu=True without CUDA: a DDP config launched on a CPU machine then runs over gloo
     # (Accelerate picks MULTI_CPU only when told cpu; `accelerate launch --cpu` alone starts one process)
-    accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None, cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None, cpu=not torch.cuda.is_available(),
+                              kwargs_handlers=[ddp_kwargs])
     dist = _distributed_info(accelerator)
     if args.measure_comm and dist["distributed_type"] not in ("MULTI_GPU", "MULTI_CPU"):
         raise UsageError(f"--measure-comm needs DDP with 2+ processes, this run is {dist['distributed_type']}")
@@ -186,9 +197,11 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     torch.manual_seed(0)  # same initial weights on every rank (FSDP does not broadcast them)
     model = build_model(args.preset, device=device)
     cfg = model.config
+    cfg.use_cache = False  # training: no KV cache (building one costs memory and recompiles under torch.compile)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=on_cuda)
     model, opt = accelerator.prepare(model, opt)
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
+    dist = _distributed_info(accelerator, wrapped)
     if args.compile:
         model = torch.compile(model)
     batches = _batches(args, rank, world, cfg.vocab_size, device)
@@ -248,7 +261,8 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         "world_size": world, **dist, "mixed_precision": accelerator.mixed_precision,
         "config": {"preset": args.preset, "batch_per_device": args.batch_per_device, "seq": args.seq,
                    "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "bf16": args.bf16,
-                   "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum},
+                   "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum,
+                   "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view},
         "tokens_per_step_per_device": tokens_per_step,
         "per_rank": ranks,
         "tokens_per_s_per_device": per_device,

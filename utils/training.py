@@ -153,6 +153,9 @@ class TrainLoop:
                     overrides[key] = config.dropout
         torch.manual_seed(seed)
         self.model = build_model(preset, device=self.device, **overrides)
+        # a training step needs no KV cache; HF builds one whenever config.use_cache is on
+        # (GPT-2's default), holding every layer's keys and values until the step ends
+        self.model.config.use_cache = False
         if config.checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
