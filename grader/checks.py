@@ -55,7 +55,9 @@ SMOKE_BAND_CAP = 3.0  # x4 either way on a CPU: 500 "TFLOP/s" from a CPU matmul 
 DATASHEET_SLACK = 1.05  # a measurement may read 5% over a datasheet figure (rounding, boost); more is impossible
 TIMERS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time")
 UTILS_MODULES = ("utils.timing", "utils.flops", "utils.nvml", "utils.hardware", "utils.record", "utils.env",
-                 "utils.memory", "utils.models", "utils.plots", "utils.profiling", "utils.training")
+                 "utils.memory", "utils.models", "utils.plots", "utils.profiling", "utils.training",
+                 "utils.distributed", "utils.validate",
+                 "utils.inference", "utils.decode", "utils.quantize")
 LIVE, RECORD = "measured live", "graded from record"
 
 

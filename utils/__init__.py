@@ -10,6 +10,11 @@ Imported from the repository root (``import utils``). One concept per module:
 - ``profiling``: torch.profiler summary and diagnosis
 - ``kvcache``: KV-cache bytes and vLLM's block/token/concurrency arithmetic (``python -m utils.kvcache``)
 - ``distributed``: scaling efficiency, all-reduce bus bandwidth, ZeRO/FSDP memory per GPU
+- ``inference``: prefill and decode measurement, decode bandwidth against copy bandwidth, KV growth, vLLM helpers
+- ``decode``: three decode paths (eager, static cache + compile, gpt-fast-style ``FastDecoder`` with CUDA graphs)
+- ``quantize``: bitsandbytes 8-bit and 4-bit against 16-bit: weight memory, decode speed, perplexity
+- ``serve``: start and stop an existing engine (vLLM or ``transformers serve``) on a local model
+- ``fused``: a fused bias + GELU Triton kernel against the unfused ops (interpreted without a GPU)
 - ``loadgen``: load generator for OpenAI-compatible servers (``python -m utils.loadgen``)
 - ``exporter``: Prometheus exporter with dcgm-exporter's names (``python -m utils.exporter``)
 - ``cost``: cost per sample and per 1M tokens, spot, right-sizing, MIG

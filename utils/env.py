@@ -145,7 +145,74 @@ _PHASE1 = {
     "h100": Phase1Sizes("gpt2-small", 1024, 4, 32, 12, "llama-1.1b", 8, 512, 6.0),
 }
 
-_PHASES = {"00_foundations": _PHASE0, "01_single_gpu": _PHASE1, "05_hardware_and_cost": _PHASE5}
+@dataclass(frozen=True)
+class Phase2Sizes:
+    model: str  # the reference run (benchmarks/train_multi_gpu.py --preset)
+    batch_per_device: int
+    seq_len: int
+    steps: int  # measured optimizer steps per run
+    warmup: int
+    bf16: bool  # Accelerate mixed_precision="bf16" (a T4 has no bf16 tensor cores: fp32 there)
+    compile: bool  # torch.compile the prepared model (a minute per launch on a GPU)
+    small_batch: int  # the "small per-GPU batch" break
+    accum_batch: int  # micro-batch of the accumulation break
+    grad_accum: int  # micro-batches per step in the accumulation break
+    allreduce_sizes: str  # benchmarks/allreduce.py --sizes
+    allreduce_iters: int
+    min_efficiency: float  # graded: per-device scaling efficiency 1 -> N of the reference run (H200 eager: 0.990)
+
+
+_PHASE2 = {
+    "cpu": Phase2Sizes("gpt2-tiny", 2, 64, 6, 2, False, False, 1, 1, 2, "4KiB,256KiB,4MiB", 20, 0.1),
+    "t4": Phase2Sizes("gpt2-small", 8, 512, 15, 3, False, False, 1, 2, 4, "1MiB,16MiB,256MiB", 20, 0.6),
+    "a100": Phase2Sizes("gpt2-small", 16, 1024, 20, 5, True, False, 1, 4, 4, "1MiB,16MiB,256MiB,1GiB", 20, 0.85),
+    "h100": Phase2Sizes("gpt2-small", 16, 1024, 20, 5, True, False, 1, 4, 4, "1MiB,16MiB,256MiB,1GiB", 20, 0.9),
+}
+
+@dataclass(frozen=True)
+class Phase4Sizes:
+    model: str  # the served preset (utils.serve.build_model_dir): random weights, the preset's shape
+    num_requests: int  # per load run: every sweep step, the operating-point run, the grader's re-runs
+    input_len: int  # the course's default prompt length (tokens of the shipped tokenizer)
+    output_len: int  # the course's default output length (the served model never stops early)
+    max_len: int  # input_len + output_len may not exceed this (KV-cache budget per request)
+    sweep_points: int  # request rates between synchronous and saturation
+    max_duration_s: float  # cap on one load run: a configuration that cannot keep up stops here
+    start_timeout_s: float  # engine start, weights load and warm-up
+
+
+_PHASE4 = {
+    "cpu": Phase4Sizes("llama-tiny", 12, 32, 16, 256, 2, 8.0, 180.0),
+    "t4": Phase4Sizes("llama-1.1b", 12, 128, 32, 1024, 2, 60.0, 600.0),
+    "a100": Phase4Sizes("llama-1.1b", 16, 256, 32, 1024, 2, 60.0, 600.0),
+    "h100": Phase4Sizes("llama-1.1b", 16, 256, 32, 1024, 2, 60.0, 600.0),
+}
+
+@dataclass(frozen=True)
+class Phase3Sizes:
+    model: str  # the decode, KV-cache and quantization model (utils/models.py preset)
+    prompt_len: int  # decode prompt (tokens)
+    new_tokens: int  # tokens per decode measurement: TPOT = (t(n) - t(1)) / (n - 1)
+    ttft_lens: tuple[int, ...]  # prompt lengths of the prefill (TTFT) sweep
+    kv_batch: int  # sequences in the KV-growth measurement
+    kv_new_tokens: int  # decode steps in the KV-growth measurement
+    batches: tuple[int, ...]  # batching sweep (fast decode path)
+    copy_numel: int  # fp32 elements in the copy-bandwidth measurement
+    ppl_seq_len: int  # perplexity block length (held-out text)
+    ppl_blocks: int
+    quant_new_tokens: int  # tokens per decode measurement of the quantized models (eager bitsandbytes is slow)
+    cb_requests: int  # requests in the continuous-batching run
+    min_fast_speedup: float  # graded: fast path over eager generate tokens/s, same run (smoke checks plumbing)
+
+
+_PHASE3 = {
+    "cpu": Phase3Sizes("llama-tiny", 16, 8, (16, 32, 64, 128), 2, 8, (1, 2, 4), 1 << 20, 64, 4, 4, 6, 0.5),
+    "t4": Phase3Sizes("llama-1.1b", 128, 32, (128, 256, 512, 1024), 4, 32, (1, 4, 16), 1 << 26, 512, 8, 16, 16, 2.0),
+    "a100": Phase3Sizes("llama-1.1b", 128, 64, (128, 512, 1024, 2048), 4, 64, (1, 8, 32), 1 << 27, 512, 8, 16, 32, 3.0),
+    "h100": Phase3Sizes("llama-1.1b", 128, 64, (128, 512, 1024, 2048), 4, 64, (1, 8, 32), 1 << 28, 512, 8, 16, 32, 4.0),
+}
+
+_PHASES = {"00_foundations": _PHASE0, "01_single_gpu": _PHASE1, "02_multi_gpu": _PHASE2, "03_inference_serving": _PHASE3, "04_benchmarking_production": _PHASE4, "05_hardware_and_cost": _PHASE5}
 
 
 def phase_sizes(phase: str, tier: str | None = None):

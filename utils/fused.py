@@ -1,0 +1,203 @@
+"""A fused bias + GELU kernel in Triton, measured against the unfused PyTorch ops (phase 2 bonus).
+
+GPT-2's MLP computes ``gelu(x @ W + b)`` with GELU's tanh approximation
+(Hendrycks and Gimpel, arXiv 1606.08415):
+``gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))``. In eager PyTorch the bias add
+and the GELU are two kernels, ``t = x + bias`` then ``gelu(t, approximate="tanh")``, and the
+intermediate ``t`` makes a round trip through GPU memory. Both ops do a handful of FLOPs per
+element, far below any GPU's ridge point (H200 bf16: about 206 FLOP/byte, REFERENCE.md), so
+their time is memory traffic. With ``N`` elements of ``e`` bytes and a bias of ``C`` columns:
+
+- unfused: the add reads ``x`` and the bias and writes ``t``; the GELU reads ``t`` and writes
+  the output: ``4 N e + C e`` bytes;
+- fused (:func:`bias_gelu`): one kernel reads ``x`` and the bias once and writes the output
+  once: ``2 N e + C e`` bytes.
+
+Half the bytes, so on a large tensor the fused kernel can be up to about 2x faster (an
+estimate from the byte counts, not a measurement; ``benchmarks/fused_check.py`` measures it).
+:func:`compare_bias_gelu` reports both times (``utils.timing.benchmark``: CUDA events, L2
+flush, repeats), the speedup and the bandwidth the fused kernel achieved,
+``fused_gbs = bytes_moved_fused / fused time``, to set against the datasheet bandwidth.
+
+The kernel computes in fp32 whatever the storage dtype, so in bf16 it rounds once (the
+output) where the unfused ops round twice (``t`` and the output); compiled, that cast rounds to
+nearest, while Triton 3.7.1's interpreter truncates (91% of bf16 outputs of a 37 x 101 test
+equalled the truncated fp32 value, CPU here), so interpreted bf16 can be a full ulp off. It writes
+``0.5 v (1 + tanh(u))`` as ``v * sigmoid(2u)`` (the same function: ``0.5 (1 + tanh(u)) =
+1 / (1 + exp(-2u))``), because ``tl.exp`` exists on every backend and in the interpreter
+while a tanh needs a backend-specific libdevice call.
+
+Without CUDA the kernel runs under Triton's interpreter, which executes each program with
+NumPy on the CPU: right answers, but its times say nothing about a GPU (``interpreted`` is
+True in the result). Triton decides interpreter or compiler when ``@triton.jit`` decorates a
+function: ``triton.jit`` reads ``TRITON_INTERPRET`` (through ``triton.knobs.runtime.interpret``
+in Triton 3.x, ``triton/runtime/jit.py``) and returns an ``InterpretedFunction`` when it is
+1. So this module sets ``TRITON_INTERPRET=1`` at import, before the kernel below is
+defined, and only when torch sees no CUDA device and the variable is unset; it stays set for
+the process (without a GPU every Triton kernel can only run interpreted, and Triton's
+``constexpr_function`` helpers read it again at run time). Without Triton installed the
+module still imports; :func:`bias_gelu` then raises one line saying what to install, and
+:func:`bias_gelu_reference` works as before. CUDA builds of torch bring Triton; for a CPU,
+``pip install triton`` (requirements-dev.txt pins the version CI uses).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"  # before @triton.jit below: that is when Triton reads it
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the reference path and the byte arithmetic still work
+    triton = None
+
+DEFAULT_BLOCK = 1024  # elements per program (Triton's vector-add tutorial size); a power of 2
+
+if triton is not None:
+    @triton.jit
+    def _bias_gelu_kernel(x_ptr, bias_ptr, out_ptr, n_elements, n_cols, BLOCK: tl.constexpr):
+        # one program per BLOCK consecutive elements of the flattened (rows, n_cols) tensor;
+        # element i's bias is bias[i % n_cols] (the bias is small and stays in cache)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n_elements
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(bias_ptr + offs % n_cols, mask=mask, other=0.0).to(tl.float32)
+        v = x + b
+        # literals: a @jit function may read only constexpr globals; 0.79788... = sqrt(2 / pi)
+        two_u = 2.0 * 0.7978845608028654 * (v + 0.044715 * v * v * v)
+        # 0.5 v (1 + tanh(u)) == v * sigmoid(2u); exp clamped at e^80 (finite in fp32: no overflow
+        # warning from the interpreter), where sigmoid(2u) < 2e-35 and the output is 0 either way
+        y = v / (1.0 + tl.exp(tl.minimum(-two_u, 80.0)))
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    INTERPRETED = type(_bias_gelu_kernel).__name__ == "InterpretedFunction"
+else:
+    INTERPRETED = False
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "fp32": torch.float32, "float32": torch.float32}
+
+
+class TritonUnavailable(ImportError):
+    """Triton is not installed (one-line message)."""
+
+
+def triton_available() -> bool:
+    return triton is not None
+
+
+def _require_triton() -> None:
+    if triton is None:
+        raise TritonUnavailable("Triton is not installed: pip install triton (without a GPU it runs under Triton's "
+                                "interpreter); bias_gelu_reference needs only torch")
+
+
+def _check(x: torch.Tensor, bias: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias_gelu takes two tensors, got {type(x).__name__} and {type(bias).__name__}")
+    if bias.dim() != 1 or x.dim() < 1 or x.shape[-1] != bias.shape[0]:
+        raise ValueError(f"bias must be 1-D with x's last dimension: x {tuple(x.shape)}, bias {tuple(bias.shape)}")
+    if x.dtype != bias.dtype or x.device != bias.device:
+        raise ValueError(f"x and bias must share dtype and device: {x.dtype} on {x.device} vs {bias.dtype} on "
+                         f"{bias.device}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"bias_gelu supports fp32, fp16 and bf16, got {x.dtype}")
+    if x.numel() >= 2**31:
+        raise ValueError(f"x has {x.numel()} elements; the kernel's int32 offsets allow fewer than 2**31")
+
+
+def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The unfused PyTorch ops: ``x + bias`` (one kernel) then tanh-approximated GELU (another)."""
+    return torch.nn.functional.gelu(x + bias, approximate="tanh")
+
+
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor, block_size: int = DEFAULT_BLOCK) -> torch.Tensor:
+    """``gelu(x + bias, approximate="tanh")`` in one Triton kernel; ``x`` is ``(..., C)``, ``bias`` ``(C,)``.
+
+    Computes in fp32 and stores in ``x.dtype`` (fp32, fp16 or bf16). A non-contiguous ``x``
+    is copied to a contiguous one first. Without CUDA it runs under Triton's interpreter on
+    CPU tensors (see the module docstring); with CUDA the tensors must be on the GPU.
+    """
+    _require_triton()
+    _check(x, bias)
+    if block_size < 1 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of 2, got {block_size}")
+    if not INTERPRETED and x.device.type != "cuda":
+        raise ValueError(f"x is on {x.device}; the compiled Triton kernel needs CUDA tensors (move them with .cuda())")
+    x = x.contiguous()
+    bias = bias.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        _bias_gelu_kernel[(triton.cdiv(n, block_size),)](x, bias, out, n, bias.shape[0], BLOCK=block_size)
+    return out
+
+
+def bytes_moved(n_rows: int, n_cols: int, element_bytes: int) -> dict:
+    """Minimum DRAM traffic of each version (see the module docstring): fused ``2 N e + C e``,
+    unfused ``4 N e + C e`` with ``N = n_rows * n_cols``."""
+    n = n_rows * n_cols
+    return {"bytes_moved_fused": 2 * n * element_bytes + n_cols * element_bytes,
+            "bytes_moved_unfused": 4 * n * element_bytes + n_cols * element_bytes}
+
+
+def _dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"dtype must be bf16, fp16 or fp32 (or the torch dtype), got {dtype!r}")
+
+
+def compare_bias_gelu(n_rows: int | None = None, n_cols: int = 3072, dtype: Any = None, device: Any = None,
+                      block_size: int = DEFAULT_BLOCK, budget_s: float | None = None, seed: int = 0) -> dict:
+    """Time the fused kernel against the unfused ops on one ``(n_rows, n_cols)`` input.
+
+    Defaults: ``n_cols=3072`` (GPT-2 small's MLP width, 4 x 768); ``n_rows`` 16384 (batch 16 x
+    1024 tokens) on a GPU, 64 under the interpreter; ``dtype`` bf16 on a GPU, fp32 under the
+    interpreter; ``device`` CUDA when the kernel is compiled, CPU when interpreted.
+
+    Returns ``unfused_ms`` and ``fused_ms`` (medians of ``utils.timing.benchmark``),
+    ``speedup = unfused_ms / fused_ms``, ``max_abs_err`` of the fused output against the
+    unfused one in the same dtype, ``interpreted``, ``bytes_moved_fused`` and
+    ``bytes_moved_unfused`` (:func:`bytes_moved`), and the achieved bandwidths
+    ``fused_gbs`` and ``unfused_gbs`` (bytes over median time, decimal GB/s). Under the
+    interpreter the times are the interpreter's, not a GPU's: check ``interpreted``.
+    """
+    from utils.timing import benchmark
+
+    _require_triton()
+    interpreted = INTERPRETED
+    dt = _dtype(dtype if dtype is not None else ("fp32" if interpreted else "bf16"))
+    n_rows = n_rows if n_rows is not None else (64 if interpreted else 16384)
+    if n_rows < 1 or n_cols < 1:
+        raise ValueError(f"n_rows and n_cols must be >= 1, got {n_rows} and {n_cols}")
+    dev = torch.device(device if device is not None else ("cpu" if interpreted else "cuda"))
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(n_rows, n_cols, generator=gen).to(device=dev, dtype=dt)
+    bias = torch.randn(n_cols, generator=gen).to(device=dev, dtype=dt)
+
+    fused = bias_gelu(x, bias, block_size)
+    err = (fused.float() - bias_gelu_reference(x, bias).float()).abs().max().item()
+    budget = budget_s if budget_s is not None else (1.0 if interpreted else 3.0)
+    opts = {"warmup": 1, "min_runs": 3, "max_runs": 5} if interpreted else {"warmup": 5}
+    t_unfused = benchmark(bias_gelu_reference, x, bias, device=dev, budget_s=budget, **opts)
+    t_fused = benchmark(bias_gelu, x, bias, device=dev, budget_s=budget, kwargs={"block_size": block_size}, **opts)
+    moved = bytes_moved(n_rows, n_cols, x.element_size())
+    return {
+        "n_rows": n_rows, "n_cols": n_cols, "dtype": str(dt).replace("torch.", ""), "device": str(dev),
+        "block_size": block_size, "interpreted": interpreted,
+        "unfused_ms": t_unfused.median_ms, "fused_ms": t_fused.median_ms,
+        "unfused_p20_p80_ms": [t_unfused.p20_ms, t_unfused.p80_ms], "fused_p20_p80_ms": [t_fused.p20_ms, t_fused.p80_ms],
+        "speedup": t_unfused.median_ms / t_fused.median_ms,
+        "max_abs_err": err,
+        **moved,
+        "fused_gbs": moved["bytes_moved_fused"] / (t_fused.median_ms * 1e-3) / 1e9,
+        "unfused_gbs": moved["bytes_moved_unfused"] / (t_unfused.median_ms * 1e-3) / 1e9,
+        "timing_method": t_fused.method,
+    }
