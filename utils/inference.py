@@ -1,0 +1,368 @@
+"""Inference measurements for phase 3: prefill vs decode, decode bandwidth, KV-cache growth,
+batching, and the serving engines (vLLM where it runs, transformers' continuous batching
+where it does not).
+
+Decode reads, per step, every weight the step uses and the KV cache of every sequence in the
+batch, so its achieved bandwidth is
+
+    bytes per step = weights read + batch x context x KV bytes per token
+    achieved GB/s  = bytes per step x steps per second / 1e9
+
+compared with the copy bandwidth measured on the same device (:func:`measure_copy_bandwidth`:
+a device-to-device copy reads and writes every byte; 4.2 TB/s for 1 GiB on one H200,
+benchmarks/RESULTS.md). "Weights read" leaves out the input embedding table, of which a step
+reads only ``batch`` rows (:func:`weight_bytes_read_per_step`); the KV count is the useful
+context, not the padding a static cache also reads, so the achieved figure is a lower bound.
+Time per output token follows vLLM's definition (REFERENCE.md): ``(t(n) - t(1)) / (n - 1)``
+for exactly ``n`` greedy tokens (:func:`measure_decode`), so the prefill and the fixed costs
+of a call cancel.
+
+The serving helpers start an existing engine, never a hand-made server: ``vllm serve`` when
+vLLM imports and a CUDA GPU is present (:func:`vllm_usable`), its startup log read by
+:func:`utils.kvcache.parse_vllm_log`; otherwise transformers' continuous batching
+(``generate_batch``, :func:`continuous_batching`).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+
+
+# -- bytes ----------------------------------------------------------------------------------------
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of a module's parameters, each shared tensor counted once."""
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def weight_bytes_read_per_step(model: Any) -> int:
+    """Weight bytes one decode step reads: every parameter except the input embedding table,
+    unless the output head shares it (GPT-2), in which case the head reads it whole."""
+    total = weight_bytes(model)
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is emb:  # tied (HF ties by sharing the Parameter; meta tensors have no address)
+        return total
+    return total - emb.numel() * emb.element_size()
+
+
+def kv_spec(model: Any):
+    """:class:`utils.kvcache.KVSpec` of a loaded model, its KV cache in the model's dtype."""
+    from utils.kvcache import from_hf_config
+
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return from_hf_config(model.config.to_dict(), kv_dtype=dtype)
+
+
+def decode_bytes_per_step(weight_bytes_read: float, kv_bytes_per_token: float, batch: int, context_len: float) -> float:
+    """Bytes one decode step reads: the weights once, and the cache of ``batch`` sequences of
+    ``context_len`` tokens each."""
+    return float(weight_bytes_read + batch * context_len * kv_bytes_per_token)
+
+
+def mean_context_len(prompt_len: int, new_tokens: int) -> float:
+    """Mean cache length over the decode steps of an ``n``-token generation: the steps after the
+    first token see ``prompt_len + 1`` to ``prompt_len + n - 1`` tokens."""
+    return prompt_len + new_tokens / 2
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+def measure_copy_bandwidth(numel: int | None = None, device: Any = None, max_runs: int = 30,
+                           budget_s: float = 2.0) -> dict:
+    """Copy bandwidth in GB/s: ``dst.copy_(src)`` of ``numel`` fp32 elements (default 1 GiB on
+    CUDA, 4 MiB on a CPU), timed with :func:`utils.timing.benchmark`, counting the read and
+    the write (8 bytes per element), as phase 5 and REFERENCE.md count it."""
+    import torch
+
+    from utils.timing import benchmark
+
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    numel = int(numel or (1 << 28 if device.type == "cuda" else 1 << 20))
+    src = torch.randn(numel, device=device)
+    dst = torch.empty_like(src)
+    t = benchmark(lambda: dst.copy_(src), max_runs=max_runs, budget_s=budget_s, device=device)
+    nbytes = 2 * numel * src.element_size()
+    return {"gbs": nbytes / (t.median_ms * 1e-3) / 1e9, "bytes": nbytes, "time": t, "numel": numel}
+
+
+def measure_prefill(model: Any, prompt: Any, lengths: tuple[int, ...] | list[int], max_runs: int = 10,
+                    budget_s: float = 2.0) -> dict[int, Any]:
+    """Time to first token (TTFT) for each prompt length: one forward over ``prompt[:, :L]``
+    that fills a fresh KV cache and computes the last position's logits (``logits_to_keep=1``,
+    as ``generate`` does). ``{L: TimingResult}``."""
+    import torch
+
+    from utils.timing import benchmark
+
+    if max(lengths) > prompt.shape[1]:
+        raise ValueError(f"the prompt has {prompt.shape[1]} tokens, fewer than the longest length {max(lengths)}")
+
+    def prefill(length: int):
+        with torch.no_grad():
+            return model(input_ids=prompt[:, :length], use_cache=True, logits_to_keep=1).logits
+
+    return {int(n): benchmark(prefill, int(n), warmup=1, max_runs=max_runs, budget_s=budget_s, device=prompt.device)
+            for n in lengths}
+
+
+def measure_decode(path: Any, new_tokens: int, max_runs: int = 10, budget_s: float = 3.0) -> dict:
+    """Time ``path(1)`` and ``path(new_tokens)`` (a :class:`utils.decode.DecodePath`) with
+    :func:`utils.timing.benchmark`; TPOT = ``(t(n) - t(1)) / (n - 1)`` in medians, tokens/s =
+    ``batch x 1000 / TPOT``."""
+    from utils.timing import benchmark
+
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens must be at least 2, got {new_tokens}")
+    dev = path.prompt.device
+    t1 = benchmark(path, 1, warmup=1, max_runs=max_runs, budget_s=budget_s, device=dev)
+    tn = benchmark(path, new_tokens, warmup=1, max_runs=max_runs, budget_s=budget_s, device=dev)
+    tpot = (tn.median_ms - t1.median_ms) / (new_tokens - 1)
+    return {"t1": t1, "tn": tn, "tpot_ms": tpot, "tokens_per_s": path.batch * 1e3 / tpot if tpot > 0 else math.inf,
+            "batch": path.batch, "new_tokens": new_tokens}
+
+
+def _cache_tensors(cache: Any) -> list:
+    if hasattr(cache, "layers"):  # transformers 5: one DynamicLayer per layer
+        return [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                if t is not None]
+    return list(getattr(cache, "key_cache", [])) + list(getattr(cache, "value_cache", []))
+
+
+def measure_kv_growth(model: Any, prompt: Any, new_tokens: int) -> dict:
+    """KV-cache bytes as greedy decoding grows the cache one token per sequence per step.
+
+    A prefill, then ``new_tokens`` single-token forwards through a ``DynamicCache``; after each
+    step, on CUDA, ``torch.cuda.memory_allocated()`` minus its value before the prefill (the
+    cache is the only thing that grows: each step's activations are freed), on a CPU the
+    bytes of the cache's tensors (there is no allocator to read; ``source`` says which).
+    ``bytes_per_step`` is the growth from the first to the last step over the steps between:
+    one token's K and V in every layer for each of the ``batch`` sequences."""
+    import torch
+    from transformers import DynamicCache
+
+    from utils.decode import cache_kwarg
+
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens must be at least 2, got {new_tokens}")
+    cuda = prompt.device.type == "cuda"
+    name = cache_kwarg(model)
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize(prompt.device)
+        base = torch.cuda.memory_allocated(prompt.device)
+    cache = DynamicCache(config=model.config)
+    lengths, used = [], []
+    with torch.no_grad():
+        tok = model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{name: cache}).logits[:, -1:].argmax(-1)
+        for _ in range(new_tokens):
+            tok = model(input_ids=tok, use_cache=True, **{name: cache}).logits[:, -1:].argmax(-1)
+            if cuda:
+                torch.cuda.synchronize(prompt.device)
+                used.append(torch.cuda.memory_allocated(prompt.device) - base)
+            else:
+                used.append(sum(t.nbytes for t in _cache_tensors(cache)))
+            lengths.append(int(cache.get_seq_length()))
+    final = sum(t.nbytes for t in _cache_tensors(cache))
+    del cache, tok
+    return {"batch": int(prompt.shape[0]), "prompt_len": int(prompt.shape[1]), "tokens": lengths, "bytes": used,
+            "bytes_per_step": (used[-1] - used[0]) / (lengths[-1] - lengths[0]), "cache_bytes_final": final,
+            "source": "torch.cuda.memory_allocated" if cuda else "cache tensor bytes (CPU: no allocator to read)"}
+
+
+def batching_sweep(model: Any, prompt: Any, batches: tuple[int, ...] | list[int], new_tokens: int, *,
+                   compile: bool | None = None, decoder: Any = None, max_runs: int = 10, budget_s: float = 2.0,
+                   deadline: float | None = None) -> list[dict]:
+    """Decode TPOT and tokens/s of the fast path (:class:`utils.decode.FastDecoder`) at each
+    batch size, on the first ``batch`` rows of ``prompt``. Each new batch size is a new cache
+    shape (one recompile on CUDA). A batch size reached after ``deadline``
+    (``time.perf_counter()``) is skipped and marked so."""
+    from utils.decode import fast_path, warm
+
+    if max(batches) > prompt.shape[0]:
+        raise ValueError(f"the prompt has {prompt.shape[0]} rows, fewer than the largest batch {max(batches)}")
+    rows = []
+    for b in batches:
+        if deadline is not None and time.perf_counter() > deadline:
+            rows.append({"batch": int(b), "skipped": "time budget spent"})
+            continue
+        path = warm(fast_path(model, prompt[:b], new_tokens, compile=compile, decoder=decoder), new_tokens)
+        decoder = path.decoder
+        d = measure_decode(path, new_tokens, max_runs=max_runs, budget_s=budget_s)
+        rows.append({"batch": int(b), "tpot_ms": d["tpot_ms"], "tokens_per_s": d["tokens_per_s"],
+                     "ttft_ms": d["t1"].median_ms, "warmup_s": path.warmup_s})
+    return rows
+
+
+# -- transformers' continuous batching -------------------------------------------------------------
+
+def continuous_batching(model: Any, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Serve ``prompts`` (token-id lists of different lengths) with transformers' continuous
+    batching (``model.generate_batch``: a paged KV cache, requests joining and leaving the
+    running batch at every step), ``new_tokens`` greedy tokens each, without CUDA graphs (their
+    capture time per batch shape would land inside this short run). Throughput counts the
+    generated tokens from the first request's arrival to the last token; TTFT per request is
+    its first token's timestamp minus its arrival."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    page = 256  # transformers' default page (block) size in tokens
+    longest = max(len(p) for p in prompts)
+    blocks = len(prompts) * -(-(longest + new_tokens) // page) + 8
+    cfg = ContinuousBatchingConfig(num_blocks=blocks, max_batch_tokens=max(256, min(8192, sum(map(len, prompts)))),
+                                   use_cuda_graph=False)
+    gen = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    out = model.generate_batch([list(map(int, p)) for p in prompts], generation_config=gen,
+                               continuous_batching_config=cfg, record_timestamps=True, warmup=False)
+    res = list(out.values())
+    start = min(r.created_time for r in res)
+    end = max(r.timestamps[-1] for r in res)
+    tokens = sum(len(r.generated_tokens) for r in res)
+    ttft = sorted((r.timestamps[0] - r.created_time) * 1e3 for r in res)
+    return {"requests": len(res), "tokens": tokens, "wall_s": end - start, "tokens_per_s": tokens / (end - start),
+            "ttft_ms_p50": ttft[len(ttft) // 2], "ttft_ms_max": ttft[-1], "num_blocks": blocks, "page_tokens": page}
+
+
+# -- vLLM -----------------------------------------------------------------------------------------
+
+def vllm_usable() -> tuple[bool, str]:
+    """(usable, reason): ``vllm serve`` needs a CUDA GPU and an importable vllm."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU here, and vLLM serves from one"
+    if importlib.util.find_spec("vllm") is None:
+        return False, "vllm is not installed (pip install vllm, on a machine with a CUDA GPU)"
+    return True, "ok"
+
+
+def model_dir(preset: str) -> str:
+    """A folder with ``preset``'s random bf16 weights and the shipped tokenizer, as a hub
+    checkpoint would be laid out, for engines that load from disk (vLLM)."""
+    from utils.models import shipped_tokenizer
+    from utils.training import _saved_random_model
+
+    path = _saved_random_model(preset)
+    if not (Path(path) / "tokenizer.json").is_file():
+        shipped_tokenizer().save_pretrained(path)
+    return path
+
+
+def vllm_command(model_path: str, port: int, max_model_len: int, gpu_memory_utilization: float,
+                 extra: tuple[str, ...] = ()) -> list[str]:
+    exe = shutil.which("vllm")
+    head = [exe, "serve"] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    return head + [model_path, "--port", str(port), "--host", "127.0.0.1", "--served-model-name", "gpulab",
+                   "--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(gpu_memory_utilization),
+                   "--enable-prefix-caching", *extra]
+
+
+@contextlib.contextmanager
+def vllm_server(model_path: str, log_path: str | Path, *, port: int = 8011, max_model_len: int = 2048,
+                gpu_memory_utilization: float = 0.5, timeout_s: float = 900.0, extra: tuple[str, ...] = ()):
+    """Run ``vllm serve`` until the block ends; yields its base URL once ``/health`` answers.
+    Everything it prints goes to ``log_path``; a server that exits or does not answer in
+    ``timeout_s`` raises RuntimeError with the log's last lines."""
+    log_path = Path(log_path)
+    cmd = vllm_command(model_path, port, max_model_len, gpu_memory_utilization, extra)
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}: "
+                                   + " | ".join(log_path.read_text(errors="replace").splitlines()[-5:]))
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"vllm serve did not answer in {timeout_s:.0f} s; see {log_path}")
+            time.sleep(1.0)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def completion_ms(url: str, prompt_ids: list[int], max_tokens: int = 1, model: str = "gpulab") -> float:
+    """Wall time of one non-streamed ``/v1/completions`` request (token ids in, ``max_tokens``
+    out): with one output token, the time to first token as the client sees it."""
+    body = json.dumps({"model": model, "prompt": [int(i) for i in prompt_ids], "max_tokens": max_tokens,
+                       "temperature": 0.0, "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=120) as r:
+        r.read()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def prefix_caching_ttft(url: str, vocab_size: int, prefix_len: int, suffix_len: int = 16, requests: int = 8,
+                        seed: int = 0) -> dict:
+    """Median TTFT of prompts that share a ``prefix_len``-token prefix (after the first, their
+    prefix is in vLLM's prefix cache) against prompts of the same length that share nothing."""
+    import random
+
+    rng = random.Random(seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(10, vocab_size) for _ in range(n)]
+
+    prefix = tokens(prefix_len)
+    completion_ms(url, tokens(prefix_len + suffix_len))  # the server's first request pays one-off costs
+    completion_ms(url, prefix + tokens(suffix_len))  # puts the shared prefix in the cache
+    shared = sorted(completion_ms(url, prefix + tokens(suffix_len)) for _ in range(requests))
+    distinct = sorted(completion_ms(url, tokens(prefix_len + suffix_len)) for _ in range(requests))
+    return {"prefix_len": prefix_len, "suffix_len": suffix_len, "requests": requests,
+            "shared_prefix_ttft_ms": shared[len(shared) // 2], "no_shared_prefix_ttft_ms": distinct[len(distinct) // 2]}
+
+
+def nvml_used_gib(device_index: int = 0) -> float | None:
+    """Device memory in use (all processes), in GiB, as ``nvidia-smi`` shows it; None without NVML."""
+    from utils import nvml
+
+    if not nvml.status().available:
+        return None
+    info = nvml.query("nvmlDeviceGetMemoryInfo", nvml.handle(device_index))
+    return None if info is nvml.NA else info.used / GIB
+
+
+def vllm_kv_check(log_text: str, spec: Any, max_model_len: int, block_size: int = 16) -> dict:
+    """vLLM's logged KV numbers beside the calculator's from the same available memory.
+
+    The available memory is logged rounded to 0.01 GiB, so the calculator gives a range of
+    token counts (:func:`utils.kvcache.gib_print_range`); vLLM's must fall inside it."""
+    from utils.kvcache import gib_print_range, parse_vllm_log, vllm_plan
+
+    log = parse_vllm_log(log_text)
+    avail = log.min_available_kv_gib
+    if avail is None:
+        return {"parsed": False, "why": "no 'Available KV cache memory' line in the log"}
+    lo, hi = gib_print_range(avail)
+    plans = [vllm_plan(spec, max_model_len, b, block_size=block_size) for b in (lo, int(avail * GIB), hi)]
+    tokens = [p.kv_tokens for p in plans]
+    return {"parsed": True, "available_kv_gib": avail, "logged_kv_tokens": log.kv_tokens,
+            "logged_max_concurrency": log.max_concurrency, "calculator_kv_tokens": tokens[1],
+            "calculator_kv_tokens_range": (tokens[0], tokens[2]), "calculator_max_concurrency": plans[1].max_concurrency,
+            "agrees": log.kv_tokens is not None and tokens[0] <= log.kv_tokens <= tokens[2]}
