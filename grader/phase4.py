@@ -1,0 +1,451 @@
+"""The checks the hidden tests of phase 4 (``04_benchmarking_production``) run.
+
+Pure cells are compared exactly with the course's references: the learner's percentile and
+latency metrics against ``utils.loadgen``'s own code (``summarize``) on traces this file
+generates, the capacity rule on the learner's sweep and on made-up ones, the GPU requests of
+Kubernetes manifests, and a scrape of a Prometheus endpoint served here. Measured cells follow
+the phase 0 rules: with a GPU here, or with no GPU record to grade, the grader re-runs the
+learner's load at the operating rate against the same running engine, several times, and
+compares goodput and p95 end-to-end latency within a band from the spread of its own runs
+("measured live"); with no GPU here and a GPU record submitted, the record is graded instead
+(:mod:`grader.phase4_records`). Whether the workload matches what was run, and whether the
+engine choice follows from the measured candidates, is checked on the results' own per-request
+traces (every summary is recomputed from them), live or from the record.
+
+Hidden tests load this file afresh from disk, and it loads ``checks.py`` and
+``phase4_records.py`` afresh the same way (see ``grader/phase0.py``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load_fresh(name: str):
+    spec = importlib.util.spec_from_file_location(f"_gpulab_fresh_{name}", HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+checks = _load_fresh("checks")
+records = _load_fresh("phase4_records")
+records.checks = checks  # its functions look the name up at call time
+LIVE, RECORD = checks.LIVE, checks.RECORD
+PHASE = records.PHASE
+EXTRA_MODULES = ("utils.loadgen.client", "utils.loadgen.metrics", "utils.loadgen.workloads", "utils.serve",
+                 "utils.exporter")
+HEADROOM, MIN_GOOD_FRACTION, CHOICE_TIE = records.HEADROOM, records.MIN_GOOD_FRACTION, records.CHOICE_TIE
+SLO_KEYS, SLO_MAX_FACTOR = records.SLO_KEYS, records.SLO_MAX_FACTOR
+METRICS, STATS, ROUNDING_MS = records.METRICS, records.STATS, records.ROUNDING_MS
+RERUNS = 3  # the grader's runs at the operating rate, per comparison
+ATTEMPTS = 2  # a comparison that misses its band is measured again once
+POD_SPEC = {"Pod": ("spec",), "Deployment": ("spec", "template", "spec"), "StatefulSet": ("spec", "template", "spec"),
+            "DaemonSet": ("spec", "template", "spec"), "ReplicaSet": ("spec", "template", "spec"),
+            "Job": ("spec", "template", "spec"), "CronJob": ("spec", "jobTemplate", "spec", "template", "spec")}
+# re-exported for the notebook
+trace_from_result, records_from_trace, reference_metrics = records.trace_from_result, records.records_from_trace, records.reference_metrics
+step_rate, reference_capacity, reference_choice = records.step_rate, records.reference_capacity, records.reference_choice
+candidate_row, save_record, record_path = records.candidate_row, records.save_record, records.record_path
+
+
+def sizes():
+    from utils.env import phase_sizes
+
+    return phase_sizes(PHASE)
+
+
+def gpu_used_gib() -> float | None:
+    """Memory in use on GPU 0 (NVML, every process); None in smoke mode (the engine runs on the
+    CPU there, whatever NVML sees) or without NVML."""
+    from utils import nvml
+    from utils.env import smoke_mode
+
+    if smoke_mode():
+        return None
+
+    info = nvml.query("nvmlDeviceGetMemoryInfo", nvml.handle(0))
+    used = getattr(info, "used", None)
+    return None if used is None else used / 2**30
+
+
+# -- setting, tampering, reporting ----------------------------------------------------------
+
+def untampered() -> None:
+    """:func:`checks.assert_untampered` plus phase 4's modules (loadgen, serve, exporter)."""
+    checks.assert_untampered()
+    bad = []
+    for name in EXTRA_MODULES:
+        try:
+            bad.extend(checks.patched_module(importlib.import_module(name)))
+        except ImportError as exc:
+            bad.append(f"{name} (cannot import: {exc})")
+    if bad:
+        raise AssertionError("measurement code was patched in this notebook: " + ", ".join(bad[:8])
+                             + ". Remove the cell that replaces it and restart the kernel.")
+
+
+def _where() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke mode: lenient bands)"
+
+
+def _begin(what: str, remeasured: bool = True) -> str:
+    """Say how this cell is graded (first, so a failing cell says it too); returns the mode."""
+    mode = checks.grading_mode()
+    if mode == RECORD:
+        checks.announce_from_record(what)
+    elif remeasured:
+        checks.say(f"{LIVE} on {_where()}: {what}, re-measured by the grader in this run")
+    else:
+        checks.say(f"{LIVE} on {_where()}: {what}, checked on the results of this run")
+    return mode
+
+
+def _call(fn, *args, name: str):
+    """The learner's function, quietly; its exception becomes a clear AssertionError."""
+    try:
+        with checks.quiet():
+            return fn(*args)
+    except AssertionError:
+        raise
+    except Exception as exc:
+        raise AssertionError(f"{name}(...) raised {type(exc).__name__}: {exc}") from None
+
+
+def _engine_ok(server) -> None:
+    """``server`` is the engine the notebook started: alive, an engine's own server, on this
+    lab's model directory."""
+    from utils.serve import ServeError, Server, read_marker
+
+    if not isinstance(server, Server) or not server.alive():
+        raise AssertionError("server must be the running engine the notebook started (serve.start)")
+    cmd = " ".join(server.command)
+    if "transformers.cli.transformers serve" not in cmd and "vllm.entrypoints.openai.api_server" not in cmd:
+        raise AssertionError("server must run transformers serve or vLLM (serve.start), not another program")
+    try:
+        preset = read_marker(server.model_dir).get("preset")
+    except ServeError as exc:
+        raise AssertionError(str(exc)) from None
+    if preset != sizes().model:
+        raise AssertionError(f"the engine serves {preset}; this lab serves {sizes().model} (SIZES.model)")
+
+
+# -- 1. percentiles and latency metrics from a trace ----------------------------------------
+
+def random_trace(seed: int, n: int = 40) -> list[dict]:
+    """A made-up trace in the notebook's format, with what trips a careless implementation:
+    failed requests (excluded), one-token answers (no TPOT), chunks that carry several tokens
+    (TPOT counts tokens, ITL counts chunk gaps), a usage event after the last text chunk
+    (E2E latency ends there), and arrivals that overlap."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(20.0)
+        sent = round(t, 6)
+        chunks = [sent + rng.lognormvariate(math.log(0.05), 0.6)]
+        n_chunks = 1 if i % 9 == 4 else rng.randint(2, 24)
+        for _ in range(n_chunks - 1):
+            chunks.append(chunks[-1] + rng.lognormvariate(math.log(0.01), 0.5))
+        tokens = n_chunks + (rng.randint(1, 3) if i % 5 == 2 else 0)
+        end = chunks[-1] + rng.uniform(0.0, 0.002)
+        ok = i % 7 != 3
+        if not ok:
+            chunks = chunks[: rng.randint(0, len(chunks) - 1)]
+            end = (chunks[-1] if chunks else sent) + rng.uniform(0.0, 0.5)
+            tokens = 0
+        out.append({"sent_s": sent, "chunks_s": [round(c, 6) for c in chunks], "end_s": round(end, 6),
+                    "output_tokens": tokens, "ok": ok})
+    return out
+
+
+def check_percentile(percentile) -> None:
+    """Exact against numpy's default (linear interpolation between closest ranks)."""
+    import numpy as np
+
+    rng = np.random.default_rng(4)
+    cases = [([7.0], 50), ([3.0, 1.0], 50), ([5.0, 1.0, 3.0], 0), ([5.0, 1.0, 3.0], 100), ([2.0, 2.0, 9.0, 4.0], 95)]
+    cases += [(list(rng.lognormal(0, 1, size=k)), p) for k in (2, 5, 12, 101) for p in (50, 90, 95, 99, 37.5)]
+    for values, p in cases:
+        got = _call(percentile, list(values), p, name="percentile")
+        checks.assert_close(got, float(np.percentile(values, p)), f"percentile({len(values)} values, {p})",
+                            rel=1e-12, abs_tol=1e-12)
+
+
+def _same_metrics(got: Any, want: dict, where: str) -> None:
+    if not isinstance(got, dict) or set(got) != set(METRICS):
+        raise AssertionError(f"latency_metrics must return a dict with keys {', '.join(METRICS)}; got "
+                             f"{sorted(got) if isinstance(got, dict) else type(got).__name__}")
+    for m in METRICS:
+        stats = got[m]
+        if not isinstance(stats, dict) or not set(STATS) <= set(stats):
+            raise AssertionError(f"latency_metrics(...)[{m!r}] must have {', '.join(STATS)}")
+        for s in STATS:
+            checks.assert_close(stats[s], want[m][s], f"{m} {s} ({where})", rel=1e-9, abs_tol=ROUNDING_MS)
+
+
+def check_metrics(latency_metrics, trace) -> None:
+    """The learner's TTFT/TPOT/ITL/E2EL statistics equal utils.loadgen's (summarize) on the
+    notebook's recorded trace and on traces made here (within the 1e-4 ms loadgen rounds to)."""
+    for seed in (1, 2, 3):
+        t = random_trace(seed)
+        _same_metrics(_call(latency_metrics, t, name="latency_metrics"), reference_metrics(t), f"made-up trace {seed}")
+    _same_metrics(_call(latency_metrics, trace, name="latency_metrics"), reference_metrics(trace), "TRACE")
+
+
+# -- 2. the workload and the sweep ------------------------------------------------------------
+
+def check_workload(workload, server, sweep_result) -> None:
+    """WORKLOAD is a valid, complete definition for this engine, and the sweep ran exactly it."""
+    if _begin("your workload and the sweep that ran it", remeasured=False) == RECORD:
+        return records.workload_from_record()
+    untampered()
+    from utils.loadgen import Workload
+
+    if not isinstance(workload, Workload):
+        raise AssertionError("WORKLOAD must be a utils.loadgen.Workload")
+    _engine_ok(server)
+    desc = records.workload_desc(workload)
+    records.workload_valid(desc, dataclasses.asdict(sizes()))
+    for key in ("base_url", "model"):
+        if desc[key] != getattr(server, key):
+            raise AssertionError(f"WORKLOAD.{key} = {desc[key]!r}, but the engine's is {getattr(server, key)!r}: "
+                                 "start from server.workload_fields()")
+    records.sweep_ran(sweep_result, desc, sizes().sweep_points)
+    checks.say(f"  SLOs {desc['slo_ms']} ms; synchronous p50: " + ", ".join(
+        f"{k} {records.run_stat(sweep_result['runs'][0], k, 'p50'):.4g}" for k in SLO_KEYS))
+
+
+# -- 3. capacity under the SLO ------------------------------------------------------------------
+
+def random_sweeps(seed: int, n: int = 12) -> list[dict]:
+    """Made-up sweeps in ``utils.loadgen.sweep``'s shape: rates that meet the SLO and some that
+    do not, steps cut short (not every request completed), one where nothing qualifies."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        num = rng.choice((8, 12, 16))
+        sync = rng.uniform(0.5, 20.0)
+        top = sync * rng.uniform(1.0, 6.0)
+
+        def run(rate, throughput, fraction, completed, num=num):
+            good = None if fraction is None else {"fraction_of_completed": fraction}
+            return {"workload": {"request_rate": rate, "num_requests": num}, "request_throughput": throughput,
+                    "completed": completed, "goodput": good}
+
+        runs = [run("inf", sync, rng.choice((1.0, 0.95, 0.5)), num),
+                run("inf", top, rng.uniform(0, 1), num if rng.random() < 0.8 else num - 1)]
+        for rate in sorted(rng.uniform(sync, top) for _ in range(rng.randint(1, 4))):
+            frac = 0.0 if k == 3 else rng.choice((1.0, 0.92, 0.9, 0.89, 0.3, None))
+            runs.append(run(round(rate, 4), rate * rng.uniform(0.7, 1.0), frac,
+                            num if rng.random() < 0.85 else rng.randint(0, num - 1)))
+        if k == 3:
+            runs[0]["goodput"]["fraction_of_completed"] = runs[1]["goodput"]["fraction_of_completed"] = 0.0
+        out.append({"sweep": True, "runs": runs})
+    return out
+
+
+def check_capacity(capacity_rate, sweep_result, capacity, operating_rate) -> None:
+    """capacity_rate follows the rule exactly (the learner's sweep and made-up ones), and
+    CAPACITY and OPERATING_RATE are what it gives on the sweep."""
+    for i, sw in enumerate(random_sweeps(7)):
+        for frac in (MIN_GOOD_FRACTION, 0.5):
+            got = _call(capacity_rate, sw, frac, name="capacity_rate")
+            checks.assert_close(got, reference_capacity(sw, frac), f"capacity_rate(made-up sweep {i}, {frac})",
+                                rel=1e-12)
+    want = reference_capacity(sweep_result, MIN_GOOD_FRACTION)
+    checks.assert_close(_call(capacity_rate, sweep_result, MIN_GOOD_FRACTION, name="capacity_rate"), want,
+                        "capacity_rate(sweep_result)", rel=1e-12)
+    checks.assert_close(capacity, want, "CAPACITY", rel=1e-12)
+    checks.assert_close(operating_rate, HEADROOM * want, f"OPERATING_RATE ({HEADROOM} x CAPACITY)", rel=1e-12)
+    checks.say(f"  capacity {want:.4g} req/s at >= {MIN_GOOD_FRACTION:.0%} of requests within the SLOs; "
+               f"operating rate {HEADROOM * want:.4g} req/s")
+
+
+# -- 4. goodput and p95 at the operating rate, re-measured --------------------------------------
+
+class _Spread:
+    """median / min / max of a few runs, for checks.band() (as p20 / p80)."""
+
+    def __init__(self, values: list[float]):
+        v = sorted(values)
+        self.median_ms, self.p20_ms, self.p80_ms = v[len(v) // 2], v[0], v[-1]
+
+
+def measure_operating(workload, operating_rate: float, runs: int = RERUNS) -> list[dict]:
+    """The grader's own runs of the learner's workload at the operating rate (no warm-up probe:
+    the engine is warm)."""
+    from utils import loadgen
+
+    w = dataclasses.replace(workload, request_rate=float(operating_rate), probe=False)
+    with checks.quiet():
+        return [loadgen.run(w, progress=False, label="grader") for _ in range(runs)]
+
+
+def check_goodput(server, workload, operating_rate, operating, goodput_rps, p95_e2el_ms) -> None:
+    """The learner's goodput and p95 E2E latency at OPERATING_RATE follow from their run, and
+    agree with the grader's own runs of the same load against the same engine."""
+    if _begin("goodput and p95 E2E latency at your operating rate") == RECORD:
+        return records.goodput_from_record()
+    untampered()
+    _engine_ok(server)
+    desc = records.workload_desc(workload)
+    if (desc["base_url"], desc["model"]) != (server.base_url, server.model):
+        raise AssertionError(f"WORKLOAD points at {desc['base_url']} ({desc['model']}), not at the engine the notebook "
+                             f"started ({server.base_url}): start from server.workload_fields()")
+    records.operating_run_ok(operating, desc, operating_rate)
+    checks.assert_close(goodput_rps, operating["goodput"]["request_goodput"], "goodput_rps (operating['goodput'])", rel=1e-9)
+    checks.assert_close(p95_e2el_ms, operating["e2el_ms"]["p95"], "p95_e2el_ms (operating['e2el_ms']['p95'])", rel=1e-9)
+    goodput = checks.assert_positive(goodput_rps, "goodput_rps")
+    p95 = checks.assert_positive(p95_e2el_ms, "p95_e2el_ms")
+
+    for attempt in range(ATTEMPTS):
+        mine = measure_operating(workload, operating_rate)
+        g = [(r.get("goodput") or {}).get("request_goodput") or 0.0 for r in mine]
+        e = [r["e2el_ms"]["p95"] or math.inf for r in mine]
+        g_ref, e_ref = _Spread(g), _Spread(e)
+        rel_g, rel_e = checks.band(g_ref), checks.band(e_ref)
+        checks.say(f"  goodput: grader {g_ref.median_ms:.4g} req/s (runs {', '.join(f'{x:.4g}' for x in g)}), yours "
+                   f"{goodput:.4g} (band +-{100 * rel_g:.0f}%)")
+        checks.say(f"  p95 E2E latency: grader {e_ref.median_ms:.4g} ms (runs {', '.join(f'{x:.4g}' for x in e)}), "
+                   f"yours {p95:.4g} ms (band +-{100 * rel_e:.0f}%)")
+        try:
+            checks.assert_in_band(goodput, g_ref.median_ms, rel_g, "goodput_rps", "req/s")
+            checks.assert_in_band(p95, e_ref.median_ms, rel_e, "p95_e2el_ms", "ms")
+            return
+        except AssertionError:
+            if attempt == ATTEMPTS - 1:
+                raise
+
+
+# -- 5. the engine choice ------------------------------------------------------------------------
+
+def check_choice(choice, candidates, operating_rate, workload) -> None:
+    """CHOICE is the configuration the rule picks from the measured candidates, with their numbers."""
+    if _begin("the configuration you chose from the measured candidates", remeasured=False) == RECORD:
+        return records.choice_from_record()
+    untampered()
+    desc = records.workload_desc(workload)
+    if not isinstance(candidates, dict) or not candidates:
+        raise AssertionError("candidates must map each configuration's name to its loadgen result")
+    for name, run in candidates.items():
+        records.operating_run_ok(run, desc, operating_rate, what=f"candidates[{name!r}]", same_server=False)
+    records.choice_ok(choice, {n: candidate_row(r) for n, r in candidates.items()})
+
+
+# -- 6. production: scraping, manifests ---------------------------------------------------------
+
+def _expected_scrape(text: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+    return out
+
+
+def _canon(scraped: Any, where: str) -> dict:
+    if not isinstance(scraped, dict):
+        raise AssertionError(f"scrape must return a dict of sample name -> [(labels, value), ...], got {type(scraped).__name__}")
+    out = {}
+    for name, samples in scraped.items():
+        try:
+            out[name] = sorted((tuple(sorted(dict(lab).items())), float(v)) for lab, v in samples)
+        except (TypeError, ValueError):
+            raise AssertionError(f"scrape(...)[{name!r}] must be a list of (labels dict, value) pairs ({where})") from None
+    return out
+
+
+def check_scrape(scrape) -> None:
+    """The learner's scrape of a /metrics endpoint served here (utils.exporter's server, a
+    registry with labelled gauges and a counter) equals prometheus_client's parse of it."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    from utils.exporter import MetricsServer, render
+
+    reg = CollectorRegistry()
+    fb = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", ["gpu", "UUID", "modelName"], registry=reg)
+    util = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", ["gpu", "UUID", "modelName"], registry=reg)
+    for i, (used, u) in enumerate(((40321.0, 97.0), (1185.5, 0.0))):
+        lab = {"gpu": str(i), "UUID": f"GPU-{i:08x}-test", "modelName": "NVIDIA H200"}
+        fb.labels(**lab).set(used)
+        util.labels(**lab).set(u)
+    Counter("gpulab_exporter_nvml_errors", "Failed NVML calls.", ["call"], registry=reg).labels(call="nvmlDeviceGetPowerUsage").inc(3)
+    srv = MetricsServer("127.0.0.1", 0, reg)
+    try:
+        got = _canon(_call(scrape, srv.url, name="scrape"), "the grader's endpoint")
+    finally:
+        srv.close()
+    want = _canon(_expected_scrape(render(reg).decode()), "expected")
+    if got != want:
+        missing = sorted(set(want) - set(got))
+        wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+        extra = sorted(set(got) - set(want))
+        raise AssertionError(f"scrape of the grader's endpoint differs from its parse: missing {missing[:4]}, "
+                             f"different values or labels {wrong[:4]}, unexpected {extra[:4]}")
+
+
+def reference_gpu_limits(docs: list) -> dict:
+    """``{"Kind/name/container": {resource: count}}`` for every container (init containers
+    too) whose ``resources.limits`` name an ``nvidia.com/`` resource."""
+    out = {}
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") not in POD_SPEC:
+            continue
+        spec = doc
+        for key in POD_SPEC[doc["kind"]]:
+            spec = (spec or {}).get(key) or {}
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            limits = ((c.get("resources") or {}).get("limits") or {})
+            gpus = {k: int(v) for k, v in limits.items() if str(k).startswith("nvidia.com/")}
+            if gpus:
+                out[f"{doc['kind']}/{doc['metadata']['name']}/{c['name']}"] = gpus
+    return out
+
+
+def made_up_manifests() -> list[dict]:
+    """Workloads in each shape the rule covers, with MIG resources, string counts, init
+    containers, requests without limits (not a GPU: extended resources go in limits)."""
+    def pod(containers, init=None):
+        spec = {"containers": containers}
+        if init:
+            spec["initContainers"] = init
+        return spec
+
+    def c(name, limits=None, requests=None):
+        res = {}
+        if limits is not None:
+            res["limits"] = limits
+        if requests is not None:
+            res["requests"] = requests
+        return {"name": name, "image": "x", "resources": res}
+
+    return [
+        {"kind": "Pod", "metadata": {"name": "p"}, "spec": pod([c("a", {"nvidia.com/gpu": "2", "cpu": "4"}), c("b")])},
+        {"kind": "StatefulSet", "metadata": {"name": "s"},
+         "spec": {"template": {"spec": pod([c("w", {"nvidia.com/mig-1g.10gb": 1})], [c("prep", {"nvidia.com/gpu": 1})])}}},
+        {"kind": "CronJob", "metadata": {"name": "nightly"},
+         "spec": {"jobTemplate": {"spec": {"template": {"spec": pod([c("eval", {"nvidia.com/gpu": 1, "memory": "8Gi"})])}}}}},
+        {"kind": "Job", "metadata": {"name": "j"}, "spec": {"template": {"spec": pod([c("r", None, {"nvidia.com/gpu": 1})])}}},
+        {"kind": "Deployment", "metadata": {"name": "cpu-only"}, "spec": {"template": {"spec": pod([c("web", {"cpu": "1"})])}}},
+        {"kind": "Service", "metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}]}},
+        {"kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"nvidia.com/gpu": "1"}},
+    ]
+
+
+def check_gpu_limits(gpu_limits, docs) -> None:
+    """Exact against the reference on the course's manifests and on made-up ones."""
+    for where, d in (("the course's manifests (DOCS)", docs), ("made-up manifests", made_up_manifests())):
+        got = _call(gpu_limits, d, name="gpu_limits")
+        want = reference_gpu_limits(d)
+        if got != want:
+            raise AssertionError(f"gpu_limits on {where} = {got!r:.300}, expected {want!r:.300}")
