@@ -2,6 +2,7 @@
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
 # Steps: device monitor timing profiling exporter models grader allreduce multigpu breaks accum
+#        trl fused phase3 serving
 # (default: the first six).
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
 set -uo pipefail
@@ -53,6 +54,12 @@ torch.cuda.synchronize()" & load=$!
       al 1 --out "$out/p2b_accum_1gpu.json" $a
       al "$n" --out "$out/p2b_accum_syncall_${n}gpu.json" $a --no-sync-accum --baseline "$out/p2b_accum_1gpu.json"
       al "$n" --out "$out/p2b_accum_nosync_${n}gpu.json" $a --baseline "$out/p2b_accum_1gpu.json" ;;
+    trl) n=$(python -c "import torch; print(torch.cuda.device_count())")
+      run accelerate launch --config_file benchmarks/accelerate/ddp.yaml --num_processes "$n" benchmarks/post_train_trl.py --out "$out/post_train_trl_${n}gpu.json" --bf16 ;;
+    fused) run python benchmarks/fused_check.py --out "$out/fused_check.json" ;;
+    phase3) run python benchmarks/phase3_inference.py --out "$out/phase3_inference.json"
+      run python benchmarks/decode_tuning.py "$out/decode_tuning.json" ;;
+    serving) run python benchmarks/phase4_serving.py --out "$out/phase4_serving.json" ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac
 done
