@@ -215,7 +215,13 @@ def continuous_batching(model: Any, prompts: list[list[int]], new_tokens: int) -
     capture time per batch shape would land inside this short run). Throughput counts the
     generated tokens from the first request's arrival to the last token; TTFT per request is
     its first token's timestamp minus its arrival."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
+    try:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+    except ImportError:
+        import transformers
+
+        raise RuntimeError(f"transformers {transformers.__version__} has no continuous batching "
+                           "(ContinuousBatchingConfig); pip install -U 'transformers>=5.17'") from None
 
     page = 256  # transformers' default page (block) size in tokens
     longest = max(len(p) for p in prompts)
