@@ -301,9 +301,10 @@ def tamper_report(modules: tuple[str, ...] = UTILS_MODULES) -> list[str]:
     return bad
 
 
-def assert_untampered() -> None:
-    """AssertionError naming every patched clock or ``utils`` function."""
-    bad = tamper_report()
+def assert_untampered(extra_modules: tuple[str, ...] = ()) -> None:
+    """AssertionError naming every patched clock or ``utils`` function, ``extra_modules``
+    (a phase's own reference modules, beside :data:`UTILS_MODULES`) included."""
+    bad = tamper_report(UTILS_MODULES + tuple(m for m in extra_modules if m not in UTILS_MODULES))
     if bad:
         raise AssertionError(
             "measurement code was patched in this notebook, so its numbers cannot be graded: "
@@ -360,11 +361,52 @@ def record_ok(what: str) -> None:
     say(f"  {what}: fingerprint, utils hash, internal consistency and datasheet limits check out")
 
 
+def device_name() -> str:
+    """The GPU the live checks run on, or the CPU in smoke mode, for the feedback."""
+    torch = sys.modules.get("torch") or importlib.import_module("torch")
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke mode: lenient bands)"
+
+
+def begin(what: str, how: str = "re-measured by the grader in this run", where: str | None = None,
+          from_record: str | None = None) -> str:
+    """Say how this cell is graded (first, so that a failing cell says it too); returns the mode.
+
+    From the record: :func:`announce_from_record`, or ``what`` then ``from_record`` where a
+    phase says how its record is checked. Live: ``what`` measured on ``where`` (by default
+    :func:`device_name`), ``how``."""
+    mode = grading_mode()
+    if mode == RECORD and from_record:
+        say(f"{RECORD}: no GPU on this grading machine; {what} {from_record}")
+    elif mode == RECORD:
+        announce_from_record(what)
+    else:
+        say(f"{LIVE} on {where or device_name()}: {what}, {how}")
+    return mode
+
+
+def say_versus(what: str, mine: float, yours: float, unit: str, rel: float) -> None:
+    """The feedback line for one banded comparison: the grader's number, the learner's, the band."""
+    say(f"  {what}: grader {mine:.4g} {unit}, yours {yours:.4g} {unit} (band +-{100 * rel:.0f}%)")
+
+
 def grading_mode() -> str:
     """:data:`RECORD` when this machine has no GPU and the learner's record is from one."""
     if gpu_here():
         return LIVE
     return RECORD if submitted_record() is not None else LIVE
+
+
+def open_record():
+    """``(record, spec row)`` of the learner's submitted GPU record."""
+    rec = submitted_record()
+    return rec, record_spec(rec)
+
+
+def assert_defined(ns: dict, names: tuple[str, ...]) -> None:
+    """NameError naming every one of ``names`` the notebook's ``ns`` lacks (cells not run yet)."""
+    missing = [k for k in names if k not in ns]
+    if missing:
+        raise NameError(f"run every cell above first: {', '.join(missing)} not defined")
 
 
 def record_spec(rec):
@@ -413,6 +455,50 @@ def timed(fn, *args, max_runs: int = 30, budget_s: float = 3.0, **kwargs):
 
     with quiet():
         return benchmark(fn, *args, max_runs=max_runs, budget_s=budget_s, **kwargs)
+
+
+def agree(compare, attempts: int):
+    """``compare()`` re-measures and asserts; a miss is measured again, up to ``attempts`` times
+    in all (a busy core or a clock dip spoils one run, not several). Returns its result."""
+    for attempt in range(attempts):
+        try:
+            return compare()
+        except AssertionError:
+            if attempt == attempts - 1:
+                raise
+
+
+def call(fn, *args, name: str, show_args: bool = True):
+    """The learner's ``fn(*args)``, quietly; its exception becomes a one-line AssertionError,
+    naming the arguments (their first 120 characters) unless ``show_args`` is False (a long
+    trace says nothing in one line: ``name(...)``)."""
+    try:
+        with quiet():
+            return fn(*args)
+    except AssertionError:
+        raise
+    except Exception as exc:
+        shown = f"{args!r:.120}" if show_args else "(...)"
+        raise AssertionError(f"{name}{shown} raised {type(exc).__name__}: {exc}") from None
+
+
+def median(result, name: str) -> float:
+    """``result.median_ms`` of a timing result, checked positive (p20/p80 checked as numbers)."""
+    as_number(result.p20_ms, f"{name}.p20_ms")
+    as_number(result.p80_ms, f"{name}.p80_ms")
+    return assert_positive(result.median_ms, f"{name}.median_ms")
+
+
+class Times:
+    """median/p20/p80 in ms from a summary dict, for :func:`band` and :func:`spread`."""
+
+    def __init__(self, summary: dict):
+        self.median_ms, self.p20_ms, self.p80_ms = summary["median_ms"], summary["p20_ms"], summary["p80_ms"]
+
+
+def times_dict(result) -> dict:
+    """A timing result's median/p20/p80 and run count, as a record stores them."""
+    return {"median_ms": result.median_ms, "p20_ms": result.p20_ms, "p80_ms": result.p80_ms, "runs": result.runs}
 
 
 def spread(result) -> float:

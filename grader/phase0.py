@@ -67,43 +67,7 @@ def _gpu_spec():
 
 
 def _begin(what: str) -> str:
-    """Say how this cell is graded (first, so that a failing cell says it too); returns the mode."""
-    mode = checks.grading_mode()
-    if mode == RECORD:
-        records.announce(what)
-    else:
-        import torch
-
-        where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke mode: lenient bands)"
-        checks.say(f"{LIVE} on {where}: {what}, re-timed by the grader in this run")
-    return mode
-
-
-def _say(what: str, mine: float, yours: float, unit: str, rel: float) -> None:
-    checks.say(f"  {what}: grader {mine:.4g} {unit}, yours {yours:.4g} {unit} (band +-{100 * rel:.0f}%)")
-
-
-def _median(result, name: str) -> float:
-    checks.as_number(result.p20_ms, f"{name}.p20_ms")
-    checks.as_number(result.p80_ms, f"{name}.p80_ms")
-    return checks.assert_positive(result.median_ms, f"{name}.median_ms")
-
-
-class _Times:
-    """median/p20/p80 in ms, for checks.band() on a Stopwatch summary."""
-
-    def __init__(self, summary: dict):
-        self.median_ms, self.p20_ms, self.p80_ms = summary["median_ms"], summary["p20_ms"], summary["p80_ms"]
-
-
-def _agree(compare):
-    """``compare()`` re-measures and asserts; a miss is measured again, up to ATTEMPTS times."""
-    for attempt in range(ATTEMPTS):
-        try:
-            return compare()
-        except AssertionError:
-            if attempt == ATTEMPTS - 1:
-                raise
+    return checks.begin(what, "re-timed by the grader in this run")
 
 
 # -- the grader's own measurements ----------------------------------------------------------
@@ -153,7 +117,7 @@ def check_matmul(matmul_tflops, matmul_time, matmul_flops, matmul_bytes, achieve
     n = sizes.matmul_n
     checks.assert_close(matmul_flops, 2 * n**3, f"matmul_flops (2 n^3 for n = {n})")
     checks.assert_close(matmul_bytes, 3 * n * n * dtype_bytes(dtype), f"matmul_bytes (read A and B, write C; {dtype_name(dtype)})")
-    med = _median(matmul_time, "matmul_time")
+    med = checks.median(matmul_time, "matmul_time")
     with checks.quiet():
         mine = achieved_tflops(float(matmul_flops), med)
     checks.assert_close(mine, rate(2 * n**3, med, 1e12), "achieved_tflops(matmul_flops, matmul_time.median_ms)", rel=1e-3)
@@ -169,9 +133,9 @@ def check_matmul(matmul_tflops, matmul_time, matmul_flops, matmul_bytes, achieve
         ref = measure_matmul(n, dtype, device)
         rel = checks.band(ref["time"], matmul_time)
         checks.assert_in_band(matmul_tflops, ref["tflops"], rel, "matmul_tflops", "TFLOP/s")
-        _say(f"{n}^3 {dtype_name(dtype)} matmul", ref["tflops"], matmul_tflops, "TFLOP/s", rel)
+        checks.say_versus(f"{n}^3 {dtype_name(dtype)} matmul", ref["tflops"], matmul_tflops, "TFLOP/s", rel)
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 2. copy and x + 1: the memory roof -------------------------------------------------------
@@ -187,7 +151,7 @@ def check_memory(copy_gbs, copy_time, ew_gbs, ew_tflops, ew_time, ew_flops, ew_b
     numel = sizes.elementwise_numel
     checks.assert_close(ew_flops, numel, "ew_flops (one add per element)")
     checks.assert_close(ew_bytes, 8 * numel, "ew_bytes (read x, write out: 4 + 4 bytes per fp32 element)")
-    cmed, emed = _median(copy_time, "copy_time"), _median(ew_time, "ew_time")
+    cmed, emed = checks.median(copy_time, "copy_time"), checks.median(ew_time, "ew_time")
     with checks.quiet():
         c_mine = achieved_bandwidth_gbs(float(8 * numel), cmed)
         e_mine = achieved_bandwidth_gbs(float(ew_bytes), emed)
@@ -206,10 +170,10 @@ def check_memory(copy_gbs, copy_time, ew_gbs, ew_tflops, ew_time, ew_flops, ew_b
         rel = checks.band(ref["copy_time"], ref["ew_time"], copy_time, ew_time)
         checks.assert_in_band(copy_gbs, ref["copy_gbs"], rel, "copy_gbs", "GB/s")
         checks.assert_in_band(ew_gbs, ref["ew_gbs"], rel, "ew_gbs", "GB/s")
-        _say("copy", ref["copy_gbs"], copy_gbs, "GB/s", rel)
-        _say("x + 1", ref["ew_gbs"], ew_gbs, "GB/s", rel)
+        checks.say_versus("copy", ref["copy_gbs"], copy_gbs, "GB/s", rel)
+        checks.say_versus("x + 1", ref["ew_gbs"], ew_gbs, "GB/s", rel)
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 3. tiny ops and the roofline placement ---------------------------------------------------
@@ -229,7 +193,7 @@ def check_roofline(placements, kernels, classify_bound, tiny_tflops, tiny_time, 
         raise AssertionError("placements must be a dict with keys 'matmul', 'elementwise', 'tiny_ops'")
     checks.assert_close(tiny_flops, ops, "tiny_flops (one add per op)")
     checks.assert_close(tiny_bytes, 8 * ops, "tiny_bytes (each op reads and writes one fp32)")
-    tmed = _median(tiny_time, "tiny_time")
+    tmed = checks.median(tiny_time, "tiny_time")
     checks.assert_close(tiny_tflops, rate(ops, tmed, 1e12), "tiny_tflops (from your tiny_time)", rel=1e-3)
     peak = checks.assert_positive(peak_tflops, "PEAK_TFLOPS")
     bw = checks.assert_positive(bandwidth_gbs, "BANDWIDTH_GBS")
@@ -259,10 +223,10 @@ def check_roofline(placements, kernels, classify_bound, tiny_tflops, tiny_time, 
         if wrong:
             raise AssertionError("placements differ from the grader's re-measurement: " + ", ".join(
                 f"{k} yours {a!r}, grader's {b!r}" for k, (a, b) in wrong.items()))
-        _say("tiny ops", tiny["tflops"], tiny_tflops, "TFLOP/s", tiny_rel)
+        checks.say_versus("tiny ops", tiny["tflops"], tiny_tflops, "TFLOP/s", tiny_rel)
         checks.say(f"  placements agree with the grader's: {expected}")
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 4. the monitored training run -----------------------------------------------------------
@@ -338,11 +302,11 @@ def check_training(tokens_per_s, train, monitor, train_step, x, y) -> None:
     def compare():
         ref = checks.timed(train_step, x, y, warmup=1, max_runs=10, budget_s=5.0)
         ref_tps = tokens_per_step / ref.median_ms * 1e3
-        rel = checks.band(ref, _Times(train))
+        rel = checks.band(ref, checks.Times(train))
         checks.assert_in_band(tps, ref_tps, rel, "tokens_per_s", "tokens/s")
-        _say("training step", ref_tps, tps, "tokens/s", rel)
+        checks.say_versus("training step", ref_tps, tps, "tokens/s", rel)
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 5. what limits the step ----------------------------------------------------------------
@@ -365,7 +329,7 @@ def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_ti
     with checks.quiet():
         fpt = flops_per_token_from_config(preset_config(sizes.model), sizes.seq_len)
     checks.as_label(limiter, LABELS, "LIMITER")
-    full, small = _median(full_time, "full_time"), _median(small_time, "small_time")
+    full, small = checks.median(full_time, "full_time"), checks.median(small_time, "small_time")
     r = (batch / full) / (small_batch / small)
     checks.assert_close(batch_scaling, r, "batch_scaling (tokens/s at the full batch over at the small one)", rel=1e-3)
     checks.assert_close(fixed_share, (r - 1) / (batch / small_batch - 1), "fixed_share", rel=1e-3, abs_tol=1e-9)
@@ -392,6 +356,6 @@ def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_ti
         if device != "cuda":  # no datasheet on a CPU: the peak must be a matmul measured here
             ref_peak = measure_matmul(sizes.matmul_n, setting()[2], device)
             checks.assert_in_band(peak, ref_peak["tflops"], checks.band(ref_peak["time"]), "TRAIN_PEAK_TFLOPS", "TFLOP/s")
-        _say("batch scaling", ref_r, batch_scaling, "x", rel)
+        checks.say_versus("batch scaling", ref_r, batch_scaling, "x", rel)
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)

@@ -66,9 +66,7 @@ def save_record(ns: dict, path: str | Path | None = None):
     from utils.env import smoke_mode
     from utils.record import Record
 
-    missing = [k for k in _NEEDED if k not in ns]
-    if missing:
-        raise NameError(f"run every cell above first: {', '.join(missing)} not defined")
+    checks.assert_defined(ns, _NEEDED)
     g, pl = ns, ns["placements"]
 
     def t(r) -> dict:
@@ -123,13 +121,8 @@ def _times(rec, name: str) -> float:
     return med
 
 
-def _open():
-    rec = checks.submitted_record()
-    return rec, checks.record_spec(rec)
-
-
 def matmul(achieved_tflops) -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     v, n, dtype, fl, by = checks.recorded(rec, "matmul_tflops", "n", "dtype", "flops", "bytes")
     med = _times(rec, "matmul_tflops")
     n = int(checks.as_number(n, "record matmul n"))
@@ -144,7 +137,7 @@ def matmul(achieved_tflops) -> None:
 
 
 def memory(achieved_bandwidth_gbs, achieved_tflops) -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     cv, cby = checks.recorded(rec, "copy_gbs", "bytes")
     ev, efl, eby, etf = checks.recorded(rec, "elementwise_gbs", "flops", "bytes", "tflops")
     cmed, emed = _times(rec, "copy_gbs"), _times(rec, "elementwise_gbs")
@@ -163,7 +156,7 @@ def memory(achieved_bandwidth_gbs, achieved_tflops) -> None:
 def roofline(classify_bound) -> None:
     from utils.flops import attainable_tflops, bound
 
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     peak, dtype = checks.recorded(rec, "matmul_tflops", "dtype")
     bw = checks.recorded(rec, "copy_gbs")[0]
     rows = {"matmul": ("matmul_tflops", None), "elementwise": ("elementwise_gbs", "tflops"), "tiny_ops": ("tiny_ops_tflops", None)}
@@ -183,7 +176,7 @@ def roofline(classify_bound) -> None:
 
 
 def training() -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     tps, per_step, steps, total_s, util_max, mem_max = checks.recorded(
         rec, "train_tokens_per_s", "tokens_per_step", "steps", "total_s", "util_max_pct", "mem_max_gib")
     checks.assert_close(tps, checks.as_number(per_step, "tokens_per_step") * checks.as_number(steps, "steps")
@@ -198,7 +191,7 @@ def limiter() -> None:
     from utils.flops import flops_per_token_from_config
     from utils.models import preset_config
 
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     mfu, step_tf, peak, fpt, bsz, small, full_ms, small_ms, r, share, label = checks.recorded(
         rec, "train_mfu", "step_tflops", "peak_tflops", "flops_per_token", "batch_size", "small_batch",
         "full_median_ms", "small_median_ms", "batch_scaling", "fixed_share", "limiter")

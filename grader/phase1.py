@@ -46,25 +46,7 @@ def sizes():
 
 
 def _begin(what: str) -> str:
-    mode = checks.grading_mode()
-    if mode == RECORD:
-        checks.say(f"{RECORD}: no GPU on this grading machine; {what} checked for consistency and plausibility "
-                   "in your GPU measurement record")
-    else:
-        import torch
-
-        where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke mode: lenient bands)"
-        checks.say(f"{LIVE} on {where}: {what}, re-measured by the grader in this run")
-    return mode
-
-
-def _agree(compare):
-    for attempt in range(ATTEMPTS):
-        try:
-            return compare()
-        except AssertionError:
-            if attempt == ATTEMPTS - 1:
-                raise
+    return checks.begin(what, from_record="checked for consistency and plausibility in your GPU measurement record")
 
 
 def _rec(name: str) -> float:
@@ -129,7 +111,7 @@ def check_baseline(baseline_tps, baseline, naive, monitor) -> None:
         checks.assert_in_band(tps, ref_tps, rel, "baseline_tps", "tokens/s")
         checks.say(f"  naive loop: grader {ref_tps:.4g} tokens/s, yours {tps:.4g} (band +-{100 * rel:.0f}%)")
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 3. the diagnosis -------------------------------------------------------------------------
@@ -201,7 +183,7 @@ def check_optimized(speedup, optimized_tps, baseline_tps, config) -> None:
                                  f"{s.min_speedup}x this device tier expects")
         checks.assert_in_band(sp, ref_sp, rel, "speedup", "x")
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 5. LoRA and QLoRA memory ---------------------------------------------------------------------

@@ -299,34 +299,8 @@ def untampered() -> None:
 
 def _begin(what: str, p: Plan, remeasured: bool = True) -> str:
     """Say how this cell is graded (first, so a failing cell says it too); returns the mode."""
-    mode = checks.grading_mode()
-    if mode == RECORD:
-        checks.announce_from_record(what)
-    elif remeasured:
-        checks.say(f"{LIVE} on {_where(p)}: {what}, re-measured by the grader in this run")
-    else:
-        checks.say(f"checked on {_where(p)}: {what}")
-    return mode
-
-
-def _call(fn, *args, name: str):
-    """The learner's function, quietly; its exception becomes a clear AssertionError."""
-    try:
-        with checks.quiet():
-            return fn(*args)
-    except AssertionError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{name}{args!r:.120} raised {type(exc).__name__}: {exc}") from None
-
-
-def _agree(compare):
-    for attempt in range(ATTEMPTS):
-        try:
-            return compare()
-        except AssertionError:
-            if attempt == ATTEMPTS - 1:
-                raise
+    how = "re-measured by the grader in this run" if remeasured else "checked on the results of this run"
+    return checks.begin(what, how, where=_where(p))
 
 
 def _assert_near(value: float, reference: float, band: float, name: str) -> None:
@@ -352,7 +326,7 @@ def check_memory(memory_per_gpu_gb) -> None:
     for n in (1, 124_439_808, 1_100_048_384, 7_500_000_000, 70_553_706_496):
         for d in (1, 2, 8, 64, 1000):
             for stage in STAGES:
-                got = _call(memory_per_gpu_gb, n, d, stage, name="memory_per_gpu_gb")
+                got = checks.call(memory_per_gpu_gb, n, d, stage, name="memory_per_gpu_gb")
                 checks.assert_close(got, memory_per_gpu(n, d, stage)["total_gb"], f"memory_per_gpu_gb({n}, {d}, {stage!r})",
                                     rel=REL)
 
@@ -365,7 +339,7 @@ def check_busbw(bus_bandwidth_gbs) -> None:
         for t_us in (12.5, 980.0, 3283.0):
             for n in (1, 2, 4, 8, 64):
                 want = busbw_gbs(algbw_gbs(size, t_us * 1e-6), n)
-                got = _call(bus_bandwidth_gbs, size, t_us, n, name="bus_bandwidth_gbs")
+                got = checks.call(bus_bandwidth_gbs, size, t_us, n, name="bus_bandwidth_gbs")
                 checks.assert_close(got, want, f"bus_bandwidth_gbs({size}, {t_us}, {n})", rel=REL, abs_tol=1e-12)
 
 
@@ -401,7 +375,7 @@ def check_allreduce(allreduce, busbw) -> None:
                                                   else "; no link peak known for this path"))
 
     try:
-        _agree(compare)
+        checks.agree(compare, ATTEMPTS)
     finally:
         shutil.rmtree(p.work, ignore_errors=True)
 
@@ -441,7 +415,7 @@ def check_scaling(one, many, scaling_efficiency, comm_share) -> None:
         _assert_near(share, rn["exposed_comm_share"], band, "comm_share")
 
     try:
-        _agree(compare)
+        checks.agree(compare, ATTEMPTS)
     finally:
         shutil.rmtree(p.work, ignore_errors=True)
 
@@ -498,7 +472,7 @@ def check_parallelism(weights_per_gpu_gb, min_tp) -> None:
             for pp in (1, 2, 3, 4, 8):
                 for b in (2, 1, 0.5):
                     want = parallel_weight_bytes_per_gpu(n, layers, tp=tp, pp=pp, bytes_per_param=b) / 1e9
-                    got = _call(weights_per_gpu_gb, n, layers, tp, pp, b, name="weights_per_gpu_gb")
+                    got = checks.call(weights_per_gpu_gb, n, layers, tp, pp, b, name="weights_per_gpu_gb")
                     checks.assert_close(got, want, f"weights_per_gpu_gb({n}, {layers}, tp={tp}, pp={pp}, bytes={b})", rel=REL)
     with checks.quiet():
         n70 = llama_70b_params()

@@ -228,7 +228,7 @@ def save_record(ns: dict, path: str | Path | None = None):
     from utils.env import smoke_mode
     from utils.record import Record
 
-    missing = [k for k in _NEEDED if k not in ns]
+    missing = [k for k in _NEEDED if k not in ns]  # inline: callable before ``checks`` is set
     if missing:
         raise NameError(f"run every cell above first: {', '.join(missing)} not defined")
     plan = ns["PLAN"]
@@ -247,11 +247,6 @@ def save_record(ns: dict, path: str | Path | None = None):
 
 
 # -- grading the record ------------------------------------------------------------------------
-
-def _open():
-    rec = checks.submitted_record()
-    return rec, checks.record_spec(rec)
-
 
 def _record_sizes(rec, name: str):
     """The sizes the record's run used: its tier's, and the tier must be its GPU's."""
@@ -274,7 +269,7 @@ def _record_sizes(rec, name: str):
 
 
 def allreduce_record() -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     sizes, backend, _ = _record_sizes(rec, "busbw_gbs")
     v, rows, world, rec_backend = checks.recorded(rec, "busbw_gbs", "rows", "world_size", "allreduce_backend")
     if rec_backend != backend:
@@ -301,7 +296,7 @@ def _plausible_throughput(run: dict, spec) -> None:
 
 
 def scaling_record() -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     sizes, backend, kind = _record_sizes(rec, "scaling_efficiency")
     eff, one, many, share, nproc = checks.recorded(rec, "scaling_efficiency", "one", "many", "comm_share", "nproc")
     run_ok(one, "the recorded 1-device run", sizes, backend, 1)
@@ -317,7 +312,7 @@ def scaling_record() -> None:
 
 
 def breaks_record() -> dict:
-    rec, _ = _open()
+    rec, _ = checks.open_record()
     sizes, backend, _ = _record_sizes(rec, "exposed_comm_share")
     breaks, nproc = checks.recorded(rec, "exposed_comm_share", "breaks", "nproc")[1:]
     breaks_ok(breaks, sizes, backend, nproc)
@@ -338,7 +333,7 @@ def breaks_ok(breaks: Any, sizes, backend: str, nproc: int) -> None:
 
 
 def explanation_record() -> None:
-    rec, _ = _open()
+    rec, _ = checks.open_record()
     eff, share = checks.recorded(rec, "scaling_efficiency")[0], checks.recorded(rec, "exposed_comm_share")[0]
     _, breaks, explanation = checks.recorded(rec, "exposed_comm_share", "breaks", "explanation")
     cause = explanation_ok(explanation, eff, share, breaks)

@@ -20,7 +20,6 @@ Hidden tests load this file afresh, and it loads ``checks.py`` afresh (see ``gra
 from __future__ import annotations
 
 import gc
-import importlib
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -78,51 +77,7 @@ def device() -> str:
 
 
 def untampered() -> None:
-    checks.assert_untampered()
-    bad = []
-    for name in EXTRA_MODULES:
-        try:
-            bad.extend(checks.patched_module(importlib.import_module(name)))
-        except ImportError as exc:
-            bad.append(f"{name} (cannot import: {exc})")
-    if bad:
-        raise AssertionError("measurement code was patched in this notebook: " + ", ".join(bad[:8])
-                             + ". Remove the cell that replaces it and restart the kernel.")
-
-
-def _begin(what: str) -> str:
-    mode = checks.grading_mode()
-    if mode == RECORD:
-        checks.announce_from_record(what)
-    else:
-        import torch
-
-        where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke mode: lenient bands)"
-        checks.say(f"{LIVE} on {where}: {what}, re-measured by the grader in this run")
-    return mode
-
-
-def _say(what: str, mine: float, yours: float, unit: str, rel: float) -> None:
-    checks.say(f"  {what}: grader {mine:.4g} {unit}, yours {yours:.4g} {unit} (band +-{100 * rel:.0f}%)")
-
-
-def _agree(compare):
-    for attempt in range(ATTEMPTS):
-        try:
-            return compare()
-        except AssertionError:
-            if attempt == ATTEMPTS - 1:
-                raise
-
-
-def _call(fn, *args, name: str):
-    try:
-        with checks.quiet():
-            return fn(*args)
-    except AssertionError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{name}{args!r:.160} raised {type(exc).__name__}: {exc}") from None
+    checks.assert_untampered(EXTRA_MODULES)
 
 
 def _median(t: Any, name: str) -> float:
@@ -134,11 +89,6 @@ def _median(t: Any, name: str) -> float:
     if not checks.as_number(p20, f"{name} p20_ms") <= med <= checks.as_number(p80, f"{name} p80_ms"):
         raise AssertionError(f"{name}: p20 <= median <= p80 does not hold")
     return med
-
-
-class _Times:
-    def __init__(self, d: dict):
-        self.median_ms, self.p20_ms, self.p80_ms = d["median_ms"], d["p20_ms"], d["p80_ms"]
 
 
 def dtype_name(model_or_dtype: Any) -> str:
@@ -187,7 +137,7 @@ def check_kv_calculator(kv_cache_calculator) -> None:
     """Exact against vLLM's arithmetic (``utils.kvcache``) on every reference case."""
     untampered()
     for name, *args in CASES:
-        got = _call(kv_cache_calculator, *args, name="kv_cache_calculator")
+        got = checks.call(kv_cache_calculator, *args, name="kv_cache_calculator")
         _same_calc(got, reference_calculator(*args), f"{tuple(args)!r} ({name})")
     checks.say(f"  kv_cache_calculator matches vLLM's arithmetic on {len(CASES)} cases (MHA, GQA, MQA, fp8, fp32)")
 
@@ -258,7 +208,7 @@ def _bytes_grid(bytes_per_decode_step) -> None:
         for kv in (22528.0, 1024.0, 131072.0):
             for b in (1, 8, 64):
                 for ctx in (160.0, 1.0, 4096.5):
-                    checks.assert_close(_call(bytes_per_decode_step, w, kv, b, ctx, name="bytes_per_decode_step"),
+                    checks.assert_close(checks.call(bytes_per_decode_step, w, kv, b, ctx, name="bytes_per_decode_step"),
                                         decode_bytes_per_step(w, kv, b, ctx),
                                         f"bytes_per_decode_step({w:g}, {kv:g}, {b}, {ctx})", rel=REL)
 
@@ -267,7 +217,7 @@ def check_decode(bytes_per_decode_step, bytes_per_step, decode, paths, model, co
     """The bytes-per-step formula exact; the learner's decode numbers consistent; TPOT of the
     three paths and the copy bandwidth re-measured; the fast path at least the tier's speedup
     over eager ``generate``; nothing above the datasheet bandwidth."""
-    mode = _begin("decode TPOT and bandwidth of the three paths")
+    mode = checks.begin("decode TPOT and bandwidth of the three paths")
     _bytes_grid(bytes_per_decode_step)
     if mode == RECORD:
         return _record_decode(bytes_per_decode_step)
@@ -301,7 +251,7 @@ def check_decode(bytes_per_decode_step, bytes_per_step, decode, paths, model, co
         for name in PATHS:
             rel = checks.band(ref[name]["t1"], ref[name]["tn"], decode[name]["t1"], decode[name]["tn"])
             checks.assert_in_band(decode[name]["tpot_ms"], ref[name]["tpot_ms"], rel, f"decode[{name!r}]['tpot_ms']", "ms")
-            _say(f"{name} TPOT", ref[name]["tpot_ms"], decode[name]["tpot_ms"], "ms", rel)
+            checks.say_versus(f"{name} TPOT", ref[name]["tpot_ms"], decode[name]["tpot_ms"], "ms", rel)
         rel = checks.band(cp["time"])
         checks.assert_in_band(cg, cp["gbs"], rel, "copy_gbs", "GB/s")
         speedup = ref["fast"]["tokens_per_s"] / ref["eager"]["tokens_per_s"]
@@ -311,7 +261,7 @@ def check_decode(bytes_per_decode_step, bytes_per_step, decode, paths, model, co
             raise AssertionError(f"the grader measured the fast path at {speedup:.3g}x eager generate, below the "
                                  f"{s.min_fast_speedup}x this device tier expects")
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 3. KV-cache growth ---------------------------------------------------------------------------
@@ -343,7 +293,7 @@ def _check_growth_numbers(measured: float, predicted: Any, error: Any, want: flo
 def check_kv_growth(kv_cache_calculator, growth, kv_predicted_bytes_per_step, kv_growth_error, model) -> None:
     """The learner's prediction comes from their calculator on the model's config; the growth
     is re-measured and agrees with the prediction and with the learner's measurement within 2%."""
-    mode = _begin("KV-cache growth against your calculator")
+    mode = checks.begin("KV-cache growth against your calculator")
     if mode == RECORD:
         return _record_kv(kv_cache_calculator)
     untampered()
@@ -355,7 +305,7 @@ def check_kv_growth(kv_cache_calculator, growth, kv_predicted_bytes_per_step, kv
     measured = _growth_ok(growth, s)
     args = _kv_args(model, s)
     want = reference_calculator(*args)["cache_bytes"]
-    mine = _call(kv_cache_calculator, *args, name="kv_cache_calculator")
+    mine = checks.call(kv_cache_calculator, *args, name="kv_cache_calculator")
     _same_calc(mine, reference_calculator(*args), f"{args!r}")
     _check_growth_numbers(measured, kv_predicted_bytes_per_step, kv_growth_error, want)
     dev = next(model.parameters()).device
@@ -372,7 +322,7 @@ def check_kv_growth(kv_cache_calculator, growth, kv_predicted_bytes_per_step, kv
         checks.say(f"  KV growth: grader {fresh:.6g} bytes per step ({growth.get('source')}), yours {measured:.6g}, "
                    f"your calculator {want:.6g}")
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 4. quantization ------------------------------------------------------------------------------
@@ -410,7 +360,7 @@ def check_quantization(quant, memory_saving, perplexity_change) -> None:
     """Savings and perplexity changes follow from the measurements; the weight memory of every
     mode measured is measured again (bitsandbytes needs a CUDA GPU: without one only the
     reference dtype is re-measured, and the feedback says so)."""
-    mode = _begin("weight memory of the quantized models")
+    mode = checks.begin("weight memory of the quantized models")
     if mode == RECORD:
         return _record_quant()
     untampered()
@@ -439,11 +389,11 @@ def check_quantization(quant, memory_saving, perplexity_change) -> None:
             checks.assert_in_band(quant["modes"][m]["weight_bytes"], fresh[m], MEMORY_BAND,
                                   f"quant['modes'][{m!r}]['weight_bytes']", "bytes")
         for m in others:
-            _say(f"{m} memory saving", fresh[ref] / fresh[m], memory_saving[m], "x", MEMORY_BAND)
+            checks.say_versus(f"{m} memory saving", fresh[ref] / fresh[m], memory_saving[m], "x", MEMORY_BAND)
         if not others:
             checks.say(f"  {ref} weights: grader {fresh[ref]:,} bytes; int8 and nf4 not measured here ({why})")
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- the measurement record -----------------------------------------------------------------------
@@ -457,30 +407,24 @@ _NEEDED = ("SIZES", "model", "copy", "copy_gbs", "decode", "BYTES_PER_STEP", "WE
            "perplexity_change", "ttft", "sweep")
 
 
-def _t(r: Any) -> dict:
-    return {"median_ms": r.median_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms, "runs": r.runs}
-
-
 def save_record(ns: dict, path: str | Path | None = None):
     """Write the notebook's measurements, read by name from ``ns`` (its ``globals()``)."""
     from utils.env import smoke_mode
     from utils.record import Record
 
-    missing = [k for k in _NEEDED if k not in ns]
-    if missing:
-        raise NameError(f"run every cell above first: {', '.join(missing)} not defined")
+    checks.assert_defined(ns, _NEEDED)
     g, s = ns, ns["SIZES"]
     dt = dtype_name(g["model"])
     rec = Record.new()
     rec.add("copy_gbs", g["copy_gbs"], "GB/s", g["copy"]["time"].method, checks.spread(g["copy"]["time"]),
-            bytes=g["copy"]["bytes"], **_t(g["copy"]["time"]))
+            bytes=g["copy"]["bytes"], **checks.times_dict(g["copy"]["time"]))
     common = dict(model=s.model, dtype=dt, prompt_len=s.prompt_len, new_tokens=s.new_tokens,
                   bytes_per_step=g["BYTES_PER_STEP"], weight_bytes_read=g["WEIGHT_BYTES_READ"],
                   kv_bytes_per_token=g["KV_BYTES_PER_TOKEN"], context_len=g["CONTEXT_LEN"], copy_gbs=g["copy_gbs"])
     for name, d in g["decode"].items():
         rec.add(f"decode_{name}", d["tokens_per_s"], "tokens/s", d["tn"].method, checks.spread(d["tn"]),
                 tpot_ms=d["tpot_ms"], bandwidth_gbs=d["bandwidth_gbs"], copy_fraction=d["copy_fraction"],
-                t1=_t(d["t1"]), tn=_t(d["tn"]), **common)
+                t1=checks.times_dict(d["t1"]), tn=checks.times_dict(d["tn"]), **common)
     gr = g["growth"]
     rec.add("kv_growth_bytes_per_step", gr["bytes_per_step"], "bytes", gr["source"], None,
             args=list(_kv_args(g["model"], s)), predicted=g["kv_predicted_bytes_per_step"], error=g["kv_growth_error"],
@@ -492,7 +436,7 @@ def save_record(ns: dict, path: str | Path | None = None):
                 tpot_ms=info["tpot_ms"], memory_saving=g["memory_saving"].get(m),
                 perplexity_change=g["perplexity_change"].get(m), skipped=q["skipped"], model=s.model)
     for n, t in g["ttft"].items():
-        rec.add(f"ttft_ms_{n}", t.median_ms, "ms", t.method, checks.spread(t), prompt_len=n, **_t(t))
+        rec.add(f"ttft_ms_{n}", t.median_ms, "ms", t.method, checks.spread(t), prompt_len=n, **checks.times_dict(t))
     for row in g["sweep"]:
         if "tokens_per_s" in row:
             rec.add(f"batch_{row['batch']}_tokens_per_s", row["tokens_per_s"], "tokens/s", "utils.inference.batching_sweep",
@@ -503,16 +447,11 @@ def save_record(ns: dict, path: str | Path | None = None):
 
 # -- grading from the record ----------------------------------------------------------------------
 
-def _open():
-    rec = checks.submitted_record()
-    return rec, checks.record_spec(rec)
-
-
 def _record_decode(bytes_per_decode_step) -> None:
     from utils import inference, kvcache
     from utils.models import build_model, preset_config_dict
 
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     cg, cbytes = checks.recorded(rec, "copy_gbs", "bytes")
     checks.assert_close(cg, _rate(cbytes, _median(rec.measurements["copy_gbs"].extra, "record copy_gbs")),
                         "record copy_gbs vs its bytes and median", rel=1e-3)
@@ -529,7 +468,7 @@ def _record_decode(bytes_per_decode_step) -> None:
         kv = kvcache.bytes_per_token(kvcache.from_hf_config(preset_config_dict(str(model)), kv_dtype=str(dt)))
         checks.assert_close(kvt, kv, f"recorded kv_bytes_per_token of {model}", rel=REL)
         checks.assert_close(ctx, inference.mean_context_len(int(plen), int(n)), "recorded context_len", rel=REL)
-        mine = _call(bytes_per_decode_step, wbr, kvt, 1, ctx, name="bytes_per_decode_step")
+        mine = checks.call(bytes_per_decode_step, wbr, kvt, 1, ctx, name="bytes_per_decode_step")
         checks.assert_close(bps, mine, f"recorded bytes_per_step of {name} (your bytes_per_decode_step on its inputs)",
                             rel=1e-9)
         checks.assert_close(rcg, cg, f"recorded copy_gbs beside decode_{name}", rel=1e-9)
@@ -551,7 +490,7 @@ def _rate(nbytes: float, ms: float) -> float:
 def _record_kv(kv_cache_calculator) -> None:
     from utils.models import preset_config_dict
 
-    rec, _ = _open()
+    rec, _ = checks.open_record()
     measured, args, predicted, error, model = checks.recorded(rec, "kv_growth_bytes_per_step", "args", "predicted",
                                                               "error", "model")
     cfg = preset_config_dict(str(model))
@@ -559,7 +498,7 @@ def _record_kv(kv_cache_calculator) -> None:
     shape = (cfg["num_hidden_layers"], cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or cfg["hidden_size"] // heads)
     if not isinstance(args, list) or len(args) != 7 or tuple(args[:3]) != shape:
         raise AssertionError(f"the record's KV arguments {args!r:.80} are not {model}'s layers, KV heads and head dim {shape}")
-    mine = _call(kv_cache_calculator, *args, name="kv_cache_calculator")
+    mine = checks.call(kv_cache_calculator, *args, name="kv_cache_calculator")
     want = reference_calculator(*args)
     _same_calc(mine, want, f"{tuple(args)!r}")
     _check_growth_numbers(checks.assert_positive(measured, "recorded growth"), predicted, error, want["cache_bytes"])
@@ -570,7 +509,7 @@ def _record_quant() -> None:
     from utils.inference import weight_bytes
     from utils.models import build_model
 
-    rec, _ = _open()
+    rec, _ = checks.open_record()
     rows = {n: m for n, m in rec.measurements.items() if n.startswith("quant_")}
     if not rows:
         raise AssertionError("the record has no quantization measurements: run the whole notebook before saving it")

@@ -18,7 +18,6 @@ Hidden tests load this file afresh from disk, and it loads ``checks.py`` and
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import math
 import random
@@ -80,45 +79,12 @@ def gpu_used_gib() -> float | None:
 
 def untampered() -> None:
     """:func:`checks.assert_untampered` plus phase 4's modules (loadgen, serve, exporter)."""
-    checks.assert_untampered()
-    bad = []
-    for name in EXTRA_MODULES:
-        try:
-            bad.extend(checks.patched_module(importlib.import_module(name)))
-        except ImportError as exc:
-            bad.append(f"{name} (cannot import: {exc})")
-    if bad:
-        raise AssertionError("measurement code was patched in this notebook: " + ", ".join(bad[:8])
-                             + ". Remove the cell that replaces it and restart the kernel.")
-
-
-def _where() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke mode: lenient bands)"
+    checks.assert_untampered(EXTRA_MODULES)
 
 
 def _begin(what: str, remeasured: bool = True) -> str:
     """Say how this cell is graded (first, so a failing cell says it too); returns the mode."""
-    mode = checks.grading_mode()
-    if mode == RECORD:
-        checks.announce_from_record(what)
-    elif remeasured:
-        checks.say(f"{LIVE} on {_where()}: {what}, re-measured by the grader in this run")
-    else:
-        checks.say(f"{LIVE} on {_where()}: {what}, checked on the results of this run")
-    return mode
-
-
-def _call(fn, *args, name: str):
-    """The learner's function, quietly; its exception becomes a clear AssertionError."""
-    try:
-        with checks.quiet():
-            return fn(*args)
-    except AssertionError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{name}(...) raised {type(exc).__name__}: {exc}") from None
+    return checks.begin(what, "re-measured by the grader in this run" if remeasured else "checked on the results of this run")
 
 
 def _engine_ok(server) -> None:
@@ -175,7 +141,7 @@ def check_percentile(percentile) -> None:
     cases = [([7.0], 50), ([3.0, 1.0], 50), ([5.0, 1.0, 3.0], 0), ([5.0, 1.0, 3.0], 100), ([2.0, 2.0, 9.0, 4.0], 95)]
     cases += [(list(rng.lognormal(0, 1, size=k)), p) for k in (2, 5, 12, 101) for p in (50, 90, 95, 99, 37.5)]
     for values, p in cases:
-        got = _call(percentile, list(values), p, name="percentile")
+        got = checks.call(percentile, list(values), p, name="percentile", show_args=False)
         checks.assert_close(got, float(np.percentile(values, p)), f"percentile({len(values)} values, {p})",
                             rel=1e-12, abs_tol=1e-12)
 
@@ -197,8 +163,10 @@ def check_metrics(latency_metrics, trace) -> None:
     notebook's recorded trace and on traces made here (within the 1e-4 ms loadgen rounds to)."""
     for seed in (1, 2, 3):
         t = random_trace(seed)
-        _same_metrics(_call(latency_metrics, t, name="latency_metrics"), reference_metrics(t), f"made-up trace {seed}")
-    _same_metrics(_call(latency_metrics, trace, name="latency_metrics"), reference_metrics(trace), "TRACE")
+        _same_metrics(checks.call(latency_metrics, t, name="latency_metrics", show_args=False), reference_metrics(t),
+                      f"made-up trace {seed}")
+    _same_metrics(checks.call(latency_metrics, trace, name="latency_metrics", show_args=False), reference_metrics(trace),
+                  "TRACE")
 
 
 # -- 2. the workload and the sweep ------------------------------------------------------------
@@ -258,11 +226,11 @@ def check_capacity(capacity_rate, sweep_result, capacity, operating_rate) -> Non
     CAPACITY and OPERATING_RATE are what it gives on the sweep."""
     for i, sw in enumerate(random_sweeps(7)):
         for frac in (MIN_GOOD_FRACTION, 0.5):
-            got = _call(capacity_rate, sw, frac, name="capacity_rate")
+            got = checks.call(capacity_rate, sw, frac, name="capacity_rate", show_args=False)
             checks.assert_close(got, reference_capacity(sw, frac), f"capacity_rate(made-up sweep {i}, {frac})",
                                 rel=1e-12)
     want = reference_capacity(sweep_result, MIN_GOOD_FRACTION)
-    checks.assert_close(_call(capacity_rate, sweep_result, MIN_GOOD_FRACTION, name="capacity_rate"), want,
+    checks.assert_close(checks.call(capacity_rate, sweep_result, MIN_GOOD_FRACTION, name="capacity_rate", show_args=False), want,
                         "capacity_rate(sweep_result)", rel=1e-12)
     checks.assert_close(capacity, want, "CAPACITY", rel=1e-12)
     checks.assert_close(operating_rate, HEADROOM * want, f"OPERATING_RATE ({HEADROOM} x CAPACITY)", rel=1e-12)
@@ -382,7 +350,7 @@ def check_scrape(scrape) -> None:
     Counter("gpulab_exporter_nvml_errors", "Failed NVML calls.", ["call"], registry=reg).labels(call="nvmlDeviceGetPowerUsage").inc(3)
     srv = MetricsServer("127.0.0.1", 0, reg)
     try:
-        got = _canon(_call(scrape, srv.url, name="scrape"), "the grader's endpoint")
+        got = _canon(checks.call(scrape, srv.url, name="scrape", show_args=False), "the grader's endpoint")
     finally:
         srv.close()
     want = _canon(_expected_scrape(render(reg).decode()), "expected")
@@ -445,7 +413,7 @@ def made_up_manifests() -> list[dict]:
 def check_gpu_limits(gpu_limits, docs) -> None:
     """Exact against the reference on the course's manifests and on made-up ones."""
     for where, d in (("the course's manifests (DOCS)", docs), ("made-up manifests", made_up_manifests())):
-        got = _call(gpu_limits, d, name="gpu_limits")
+        got = checks.call(gpu_limits, d, name="gpu_limits", show_args=False)
         want = reference_gpu_limits(d)
         if got != want:
             raise AssertionError(f"gpu_limits on {where} = {got!r:.300}, expected {want!r:.300}")

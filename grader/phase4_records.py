@@ -295,7 +295,7 @@ def save_record(ns: dict, path: str | Path | None = None):
     from utils.env import smoke_mode
     from utils.record import Record
 
-    missing = [k for k in _NEEDED if k not in ns]
+    missing = [k for k in _NEEDED if k not in ns]  # inline: save_record runs before phase 4 sets ``checks``
     if missing:
         raise NameError(f"run every cell above first: {', '.join(missing)} not defined")
     g = ns
@@ -317,11 +317,6 @@ def save_record(ns: dict, path: str | Path | None = None):
 
 # -- grading from the record ------------------------------------------------------------------
 
-def _open():
-    rec = checks.submitted_record()
-    return rec, checks.record_spec(rec)
-
-
 def _tpot_plausible(run: dict, weight_bytes: Any, spec, what: str) -> None:
     """Every decode step reads all the weights: no request's TPOT beats weight bytes over the
     datasheet bandwidth (batched requests share a step, they do not shorten it)."""
@@ -342,7 +337,7 @@ def _sizes_ok(sizes: dict) -> None:
 
 
 def workload_from_record() -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     cap, desc, sizes, steps, wb = checks.recorded(rec, "capacity_rps", "workload", "sizes", "steps", "weight_bytes")
     _sizes_ok(sizes)
     workload_valid(desc, sizes)
@@ -354,7 +349,7 @@ def workload_from_record() -> None:
 
 
 def goodput_from_record() -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     g, rate, p95, op, wb = checks.recorded(rec, "goodput_rps", "rate", "p95_e2el_ms", "operating", "weight_bytes")
     cap, desc = checks.recorded(rec, "capacity_rps", "workload")
     checks.assert_close(rate, HEADROOM * cap, f"recorded OPERATING_RATE ({HEADROOM} x capacity)", rel=1e-9)
@@ -366,7 +361,7 @@ def goodput_from_record() -> None:
 
 
 def choice_from_record() -> None:
-    rec, _ = _open()
+    rec, _ = checks.open_record()
     _, choice, rate, cands = checks.recorded(rec, "choice_goodput_rps", "choice", "rate", "candidates")
     _, desc = checks.recorded(rec, "capacity_rps", "workload")
     if not isinstance(cands, dict) or not cands:

@@ -17,7 +17,6 @@ locked cell that defines them. Hidden tests load this file afresh from disk, and
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import math
@@ -68,69 +67,7 @@ def setting() -> tuple[Any, str, Any]:
 
 def untampered() -> None:
     """:func:`checks.assert_untampered` plus phase 5's modules (cost, checkpoint, xla, topology)."""
-    checks.assert_untampered()
-    bad = []
-    for name in EXTRA_MODULES:
-        try:
-            bad.extend(checks.patched_module(importlib.import_module(name)))
-        except ImportError as exc:
-            bad.append(f"{name} (cannot import: {exc})")
-    if bad:
-        raise AssertionError("measurement code was patched in this notebook: " + ", ".join(bad[:8])
-                             + ". Remove the cell that replaces it and restart the kernel.")
-
-
-def _where() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke mode: lenient bands)"
-
-
-def _begin(what: str) -> str:
-    """Say how this cell is graded (first, so a failing cell says it too); returns the mode."""
-    mode = checks.grading_mode()
-    if mode == RECORD:
-        records.announce(what)
-    else:
-        checks.say(f"{LIVE} on {_where()}: {what}, re-measured by the grader in this run")
-    return mode
-
-
-def _say(what: str, mine: float, yours: float, unit: str, rel: float) -> None:
-    checks.say(f"  {what}: grader {mine:.4g} {unit}, yours {yours:.4g} {unit} (band +-{100 * rel:.0f}%)")
-
-
-def _median(result, name: str) -> float:
-    checks.as_number(result.p20_ms, f"{name}.p20_ms")
-    checks.as_number(result.p80_ms, f"{name}.p80_ms")
-    return checks.assert_positive(result.median_ms, f"{name}.median_ms")
-
-
-def _agree(compare):
-    for attempt in range(ATTEMPTS):
-        try:
-            return compare()
-        except AssertionError:
-            if attempt == ATTEMPTS - 1:
-                raise
-
-
-def _call(fn, *args, name: str):
-    """The learner's function, quietly; its exception becomes a clear AssertionError."""
-    try:
-        with checks.quiet():
-            return fn(*args)
-    except AssertionError:
-        raise
-    except Exception as exc:
-        raise AssertionError(f"{name}{args!r:.120} raised {type(exc).__name__}: {exc}") from None
-
-
-class _Times:
-    """median/p20/p80 in ms from a dict, for checks.band()."""
-
-    def __init__(self, d: dict):
-        self.median_ms, self.p20_ms, self.p80_ms = d["median_ms"], d["p20_ms"], d["p80_ms"]
+    checks.assert_untampered(EXTRA_MODULES)
 
 
 def _given(fn, grade_id: str, name: str) -> None:
@@ -162,7 +99,7 @@ def check_speedup(attainable_speedup) -> None:
         for a in specs:
             for b in specs:
                 for i in (0.1, 1.0, 30.0, 206.0, 295.0, 1000.0, 1e4):
-                    got = _call(attainable_speedup, i, a, b, dtype, name="attainable_speedup")
+                    got = checks.call(attainable_speedup, i, a, b, dtype, name="attainable_speedup")
                     checks.assert_close(got, reference_speedup(i, a, b, dtype),
                                         f"attainable_speedup({i}, {a.name}, {b.name}, {dtype!r})", rel=REL)
 
@@ -199,14 +136,14 @@ def _gpu_spec():
 def check_points(matmul_tflops, matmul_time, copy_gbs, copy_time) -> None:
     """The matmul and copy rates follow from their timings, sit below the datasheet, and
     agree with the grader's re-measurement."""
-    if _begin("your roofline points (matmul, copy)") == RECORD:
+    if checks.begin("your roofline points (matmul, copy)") == RECORD:
         return records.points()
     untampered()
     sizes, device, dtype = setting()
     n, numel = sizes.matmul_n, sizes.copy_numel
-    checks.assert_close(matmul_tflops, rate(2 * n**3, _median(matmul_time, "matmul_time"), 1e12),
+    checks.assert_close(matmul_tflops, rate(2 * n**3, checks.median(matmul_time, "matmul_time"), 1e12),
                         "matmul_tflops (2 n^3 FLOPs over matmul_time.median_ms)", rel=1e-3)
-    checks.assert_close(copy_gbs, rate(8 * numel, _median(copy_time, "copy_time"), 1e9),
+    checks.assert_close(copy_gbs, rate(8 * numel, checks.median(copy_time, "copy_time"), 1e9),
                         "copy_gbs (read and write 4 bytes per element over copy_time.median_ms)", rel=1e-3)
     spec = _gpu_spec()
     if device == "cuda" and spec:
@@ -222,10 +159,10 @@ def check_points(matmul_tflops, matmul_time, copy_gbs, copy_time) -> None:
         rel_cp = checks.band(cp["time"], copy_time)
         checks.assert_in_band(matmul_tflops, mm["tflops"], rel_mm, "matmul_tflops", "TFLOP/s")
         checks.assert_in_band(copy_gbs, cp["gbs"], rel_cp, "copy_gbs", "GB/s")
-        _say(f"{n}^3 matmul", mm["tflops"], matmul_tflops, "TFLOP/s", rel_mm)
-        _say("copy", cp["gbs"], copy_gbs, "GB/s", rel_cp)
+        checks.say_versus(f"{n}^3 matmul", mm["tflops"], matmul_tflops, "TFLOP/s", rel_mm)
+        checks.say_versus("copy", cp["gbs"], copy_gbs, "GB/s", rel_cp)
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 2. cost from your own measurements ------------------------------------------------------
@@ -236,10 +173,10 @@ def check_cost_functions(cost_per_sample_usd, cost_per_million_tokens_usd) -> No
 
     for rate_per_s in (0.5, 12.0, 381e3, 1.7e6):
         for usd in (0.1869, 1.0, 3.99, 98.32):
-            checks.assert_close(_call(cost_per_sample_usd, rate_per_s, usd, name="cost_per_sample_usd"),
+            checks.assert_close(checks.call(cost_per_sample_usd, rate_per_s, usd, name="cost_per_sample_usd"),
                                 cost.cost_per_sample_usd(rate_per_s, usd), f"cost_per_sample_usd({rate_per_s}, {usd})",
                                 rel=REL)
-            checks.assert_close(_call(cost_per_million_tokens_usd, rate_per_s, usd, name="cost_per_million_tokens_usd"),
+            checks.assert_close(checks.call(cost_per_million_tokens_usd, rate_per_s, usd, name="cost_per_million_tokens_usd"),
                                 cost.cost_per_million_tokens_usd(rate_per_s, usd),
                                 f"cost_per_million_tokens_usd({rate_per_s}, {usd})", rel=REL)
 
@@ -273,7 +210,7 @@ def _check_decode_dict(decode, sizes) -> None:
     for b, d in decode.items():
         if not isinstance(d, dict) or not {"t1", "tn", "tpot_ms", "tokens_per_s"} <= set(d):
             raise AssertionError(f"decode[{b}] needs t1, tn, tpot_ms and tokens_per_s")
-        t1, tn = _median(d["t1"], f"decode[{b}]['t1']"), _median(d["tn"], f"decode[{b}]['tn']")
+        t1, tn = checks.median(d["t1"], f"decode[{b}]['t1']"), checks.median(d["tn"], f"decode[{b}]['tn']")
         tpot = checks.assert_positive(d["tpot_ms"], f"decode[{b}]['tpot_ms']")
         checks.assert_close(tpot, (tn - t1) / (sizes.new_tokens - 1),
                             f"decode[{b}]['tpot_ms'] ((tn - t1) / (new_tokens - 1) in medians)", rel=1e-6)
@@ -285,7 +222,7 @@ def check_measured_costs(samples_per_s, train, decode, usd_per_sample, usd_per_m
     """Throughputs from the learner's timings, re-measured; costs from their functions."""
     from utils import cost
 
-    if _begin("training samples/s, decode tokens/s and what they cost") == RECORD:
+    if checks.begin("training samples/s, decode tokens/s and what they cost") == RECORD:
         return records.costs(cost_per_sample_usd, cost_per_million_tokens_usd)
     untampered()
     sizes, device, _ = setting()
@@ -316,16 +253,16 @@ def check_measured_costs(samples_per_s, train, decode, usd_per_sample, usd_per_m
     def compare():
         ref = checks.timed(train_step, x, y, warmup=1, max_runs=10, budget_s=5.0)
         ref_sps = sizes.train_batch / ref.median_ms * 1e3
-        rel = checks.band(ref, _Times(train))
+        rel = checks.band(ref, checks.Times(train))
         checks.assert_in_band(sps, ref_sps, rel, "samples_per_s", "samples/s")
-        _say("training", ref_sps, sps, "samples/s", rel)
+        checks.say_versus("training", ref_sps, sps, "samples/s", rel)
         for b in (min(sizes.decode_batches), best):
             ref_d = measure_decode(generate_tokens, b, sizes.new_tokens)
             rel = checks.band(ref_d["t1"], ref_d["tn"], decode[b]["t1"], decode[b]["tn"])
             checks.assert_in_band(decode[b]["tpot_ms"], ref_d["tpot_ms"], rel, f"decode[{b}]['tpot_ms']", "ms")
-            _say(f"decode TPOT at batch {b}", ref_d["tpot_ms"], decode[b]["tpot_ms"], "ms", rel)
+            checks.say_versus(f"decode TPOT at batch {b}", ref_d["tpot_ms"], decode[b]["tpot_ms"], "ms", rel)
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 def check_spot(spot_expected_cost_usd) -> None:
@@ -339,7 +276,7 @@ def check_spot(spot_expected_cost_usd) -> None:
                     args = (work, 2.5, tau, delta, restart, lam)
                     want = cost.spot_job(work, 2.5, checkpoint_interval_h=tau, checkpoint_write_h=delta,
                                          restart_h=restart, preemptions_per_h=lam).cost_usd
-                    got = _call(spot_expected_cost_usd, *args, name="spot_expected_cost_usd")
+                    got = checks.call(spot_expected_cost_usd, *args, name="spot_expected_cost_usd")
                     if math.isinf(want):
                         if not (isinstance(got, (int, float)) and math.isinf(got) and got > 0):
                             raise AssertionError(f"spot_expected_cost_usd{args} = {got!r}: preemptions outpace the "
@@ -354,11 +291,11 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
                        slo_ms, demand_per_s, copy_gbs) -> None:
     """The TPOT estimate exact; the candidates and the answer exactly what the reference gives
     from the learner's decode measurements and bandwidth, which are re-measured."""
-    mode = _begin("your right-sizing answer")
+    mode = checks.begin("your right-sizing answer")
     for meas in (0.2, 5.0, 40.0):
         for nbytes in (1e6, 5e8, 2.2e9):
             for mine, other in ((320.0, 4800.0), (4800.0, 300.0), (8.0, 2039.0)):
-                checks.assert_close(_call(estimate_fn, meas, nbytes, mine, other, name="estimate_tpot_ms"),
+                checks.assert_close(checks.call(estimate_fn, meas, nbytes, mine, other, name="estimate_tpot_ms"),
                                     estimate_tpot_ms(meas, nbytes, mine, other),
                                     f"estimate_tpot_ms({meas}, {nbytes:g}, {mine}, {other})", rel=REL)
     if mode == RECORD:
@@ -385,14 +322,14 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
         ref_d = measure_decode(generate_tokens, b, sizes.new_tokens)
         rel = checks.band(ref_d["t1"], ref_d["tn"], decode[b]["t1"], decode[b]["tn"])
         checks.assert_in_band(decode[b]["tpot_ms"], ref_d["tpot_ms"], rel, f"decode[{b}]['tpot_ms']", "ms")
-        _say(f"decode TPOT at batch {b}", ref_d["tpot_ms"], decode[b]["tpot_ms"], "ms", rel)
+        checks.say_versus(f"decode TPOT at batch {b}", ref_d["tpot_ms"], decode[b]["tpot_ms"], "ms", rel)
         if not (spec and spec.bandwidth_gbs):  # the estimate scaled from your measured copy
             cp = measure_copy(sizes.copy_numel, device)
             rel_cp = checks.band(cp["time"])
             checks.assert_in_band(my_bandwidth_gbs, cp["gbs"], rel_cp, "MY_BANDWIDTH_GBS (your copy_gbs)", "GB/s")
-            _say("copy", cp["gbs"], my_bandwidth_gbs, "GB/s", rel_cp)
+            checks.say_versus("copy", cp["gbs"], my_bandwidth_gbs, "GB/s", rel_cp)
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
     checks.say(f"  answer: {answer.n_gpus} x {answer.choice.name}, ${answer.usd_per_hour:.4g}/h, as the reference "
                "gives from your numbers")
 
@@ -424,9 +361,9 @@ def _rng_round_trip(capture, restore) -> None:
             out["cuda"] = torch.rand(4, device="cuda").tolist()
         return out
 
-    state = _call(capture, name="capture_rng_state")
+    state = checks.call(capture, name="capture_rng_state")
     first = draws()
-    _call(restore, state, name="restore_rng_state")
+    checks.call(restore, state, name="restore_rng_state")
     again = draws()
     wrong = [k for k in first if first[k] != again[k]]
     if wrong:
@@ -473,9 +410,9 @@ def check_checkpoint_overhead(checkpoint_overhead_pct, overhead, sync_overhead_p
     step and save times within a band of the grader's own measurement."""
     from utils import checkpoint
 
-    mode = _begin("checkpoint time and overhead")
+    mode = checks.begin("checkpoint time and overhead")
     for save, step, every in ((10.0, 5.0, 4), (1500.0, 300.0, 100), (0.5, 20.0, 1)):
-        checks.assert_close(_call(checkpoint_overhead_pct, save, step, every, name="checkpoint_overhead_pct"),
+        checks.assert_close(checks.call(checkpoint_overhead_pct, save, step, every, name="checkpoint_overhead_pct"),
                             100 * save / (every * step), f"checkpoint_overhead_pct({save}, {step}, {every})", rel=REL)
     if mode == RECORD:
         return records.checkpoint_overhead()
@@ -483,8 +420,8 @@ def check_checkpoint_overhead(checkpoint_overhead_pct, overhead, sync_overhead_p
     sizes, device, _ = setting()
     if not isinstance(overhead, dict) or not {"step", "sync_save", "async_blocking"} <= set(overhead):
         raise AssertionError("overhead must be the dict from checkpoint.measure_checkpoint_overhead")
-    step = _median(overhead["step"], "overhead['step']")
-    sync, blocking = _median(overhead["sync_save"], "overhead['sync_save']"), _median(overhead["async_blocking"], "overhead['async_blocking']")
+    step = checks.median(overhead["step"], "overhead['step']")
+    sync, blocking = checks.median(overhead["sync_save"], "overhead['sync_save']"), checks.median(overhead["async_blocking"], "overhead['async_blocking']")
     checks.assert_close(sync_overhead_pct, 100 * sync / (sizes.ckpt_every * step), "sync_overhead_pct", rel=1e-6)
     checks.assert_close(async_overhead_pct, 100 * blocking / (sizes.ckpt_every * step), "async_overhead_pct", rel=1e-6)
 
@@ -499,10 +436,10 @@ def check_checkpoint_overhead(checkpoint_overhead_pct, overhead, sync_overhead_p
         checks.assert_in_band(step, ref["step"].median_ms, rel_step, "overhead['step'] median", "ms")
         rel_save = checks.band(ref["sync_save"], overhead["sync_save"], floor=max(1.0, checks.band(smoke_mode=checks.smoke())))
         checks.assert_in_band(sync, ref["sync_save"].median_ms, rel_save, "overhead['sync_save'] median", "ms")
-        _say("training step", ref["step"].median_ms, step, "ms", rel_step)
-        _say("synchronous checkpoint", ref["sync_save"].median_ms, sync, "ms", rel_save)
+        checks.say_versus("training step", ref["step"].median_ms, step, "ms", rel_step)
+        checks.say_versus("synchronous checkpoint", ref["sync_save"].median_ms, sync, "ms", rel_save)
 
-    _agree(compare)
+    checks.agree(compare, ATTEMPTS)
 
 
 # -- 5. XLA recompilation -----------------------------------------------------------------------
@@ -551,7 +488,7 @@ def check_recompiles(bucket_length, compiles_unpadded, compiles_bucketed, compil
     untampered()
     xs, w, buckets = xla_inputs(sizes)
     for n in range(0, max(buckets) + 1):
-        checks.assert_close(_call(bucket_length, n, buckets, name="bucket_length"), xla.bucket_length(n, buckets),
+        checks.assert_close(checks.call(bucket_length, n, buckets, name="bucket_length"), xla.bucket_length(n, buckets),
                             f"bucket_length({n}, {buckets})", rel=0)
     try:
         with checks.quiet():
@@ -611,7 +548,7 @@ def check_topology(slowest_gpu_link) -> None:
     texts += [_ring(["NV12", "SYS", "NV12"]), _ring(["PIX", "PXB"]), _ring(["NODE", "PHB", "NV4"]), _ring(["NV2", "NV4"])]
     for text in texts:
         topo = topology.parse_topo(text)
-        got = _call(slowest_gpu_link, topo, name="slowest_gpu_link")
+        got = checks.call(slowest_gpu_link, topo, name="slowest_gpu_link")
         want = topology.slowest_gpu_link(topo)
         if got != want:
             raise AssertionError(f"slowest_gpu_link on {len(topo.gpus)} GPUs linked by "

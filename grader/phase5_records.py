@@ -154,24 +154,18 @@ _NEEDED = ("MATMUL_DTYPE", "n", "matmul_time", "matmul_tflops", "copy_time", "co
            "compile_ms", "run_ms", "eager_ms")
 
 
-def _t(r: Any) -> dict:
-    return {"median_ms": r.median_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms, "runs": r.runs}
-
-
 def save_record(ns: dict, path: str | Path | None = None):
     """Write the notebook's measurements, read by name from ``ns`` (its ``globals()``)."""
     from utils.env import smoke_mode
     from utils.record import Record
 
-    missing = [k for k in _NEEDED if k not in ns]
-    if missing:
-        raise NameError(f"run every cell above first: {', '.join(missing)} not defined")
+    checks.assert_defined(ns, _NEEDED)
     g, s = ns, ns["SIZES"]
     rec = Record.new()
     rec.add("matmul_tflops", g["matmul_tflops"], "TFLOP/s", g["matmul_time"].method, checks.spread(g["matmul_time"]),
-            n=g["n"], dtype=dtype_name(g["MATMUL_DTYPE"]), flops=2 * g["n"] ** 3, **_t(g["matmul_time"]))
+            n=g["n"], dtype=dtype_name(g["MATMUL_DTYPE"]), flops=2 * g["n"] ** 3, **checks.times_dict(g["matmul_time"]))
     rec.add("copy_gbs", g["copy_gbs"], "GB/s", g["copy_time"].method, checks.spread(g["copy_time"]),
-            bytes=8 * s.copy_numel, **_t(g["copy_time"]))
+            bytes=8 * s.copy_numel, **checks.times_dict(g["copy_time"]))
     tr = g["train"]
     rec.add("train_samples_per_s", g["samples_per_s"], "samples/s", tr["method"], None, tokens_per_s=tr["tokens_per_s"],
             batch=s.train_batch, seq_len=s.seq_len, model=s.model, steps=tr["steps"], total_s=tr["total_s"],
@@ -179,7 +173,7 @@ def save_record(ns: dict, path: str | Path | None = None):
     for b, d in g["decode"].items():
         rec.add(f"decode_b{b}", d["tokens_per_s"], "tokens/s", d["tn"].method, checks.spread(d["tn"]), batch=b,
                 tpot_ms=d["tpot_ms"], new_tokens=s.new_tokens, prompt_len=s.prompt_len, model=s.model,
-                weight_bytes=g["WEIGHT_BYTES"], t1=_t(d["t1"]), tn=_t(d["tn"]))
+                weight_bytes=g["WEIGHT_BYTES"], t1=checks.times_dict(d["t1"]), tn=checks.times_dict(d["tn"]))
     best = max(s.decode_batches)
     rec.add("usd_per_sample", g["usd_per_sample"], "USD", "cost_per_sample_usd", None, price_row=g["MY_GPU"],
             usd_per_gpu_hour=g["PRICE_USD_PER_HOUR"], samples_per_s=g["samples_per_s"])
@@ -193,8 +187,8 @@ def save_record(ns: dict, path: str | Path | None = None):
             candidates=[_as_dict(c) for c in g["candidates"]])
     ov = g["overhead"]
     rec.add("checkpoint_sync_save_ms", ov["sync_save"].median_ms, "ms", ov["sync_save"].method,
-            checks.spread(ov["sync_save"]), step=_t(ov["step"]), sync_save=_t(ov["sync_save"]),
-            async_blocking=_t(ov["async_blocking"]), async_total=_t(ov["async_total"]), every=s.ckpt_every,
+            checks.spread(ov["sync_save"]), step=checks.times_dict(ov["step"]), sync_save=checks.times_dict(ov["sync_save"]),
+            async_blocking=checks.times_dict(ov["async_blocking"]), async_total=checks.times_dict(ov["async_total"]), every=s.ckpt_every,
             model=s.ckpt_model, checkpoint_bytes=ov["checkpoint_bytes"], sync_pct=g["sync_overhead_pct"],
             async_pct=g["async_overhead_pct"])
     rec.add("jax_compile_ms", g["compile_ms"], "ms", "jax.monitoring backend_compile_duration", None,
@@ -217,11 +211,6 @@ def _ok(what: str) -> None:
     checks.record_ok(what)
 
 
-def _open():
-    rec = checks.submitted_record()
-    return rec, checks.record_spec(rec)
-
-
 def _med(t: Any, name: str) -> float:
     if not isinstance(t, dict):
         raise AssertionError(f"record {name} lacks its timing")
@@ -233,7 +222,7 @@ def _med(t: Any, name: str) -> float:
 
 
 def points() -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     v, n, dtype, fl = checks.recorded(rec, "matmul_tflops", "n", "dtype", "flops")
     ex = rec.measurements["matmul_tflops"].extra
     n = int(checks.as_number(n, "record matmul n"))
@@ -271,7 +260,7 @@ def _decode(rec, spec) -> tuple[dict, dict, float]:
 def costs(cost_per_sample_usd, cost_per_million_tokens_usd) -> None:
     from utils import cost
 
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     sps, tps_train, seq, model = checks.recorded(rec, "train_samples_per_s", "tokens_per_s", "seq_len", "model")
     checks.assert_close(sps, checks.as_number(tps_train, "record tokens_per_s") / checks.as_number(seq, "seq_len"),
                         "recorded samples/s (tokens/s / seq_len)", rel=1e-6)
@@ -295,7 +284,7 @@ def costs(cost_per_sample_usd, cost_per_million_tokens_usd) -> None:
 
 
 def right_sizing() -> None:
-    rec, spec = _open()
+    rec, spec = checks.open_record()
     tpot, tps, wb = _decode(rec, spec)
     _, choice, n, slo, demand, bw, nbytes, cands = checks.recorded(
         rec, "right_sizing_usd_per_hour", "choice", "n_gpus", "slo_ms", "demand_per_s", "my_bandwidth_gbs",
@@ -321,7 +310,7 @@ def right_sizing() -> None:
 def checkpoint_overhead() -> None:
     from utils.models import build_model
 
-    rec, _ = _open()
+    rec, _ = checks.open_record()
     sync, step, ss, ab, every, model, nbytes, sync_pct, async_pct = checks.recorded(
         rec, "checkpoint_sync_save_ms", "step", "sync_save", "async_blocking", "every", "model", "checkpoint_bytes",
         "sync_pct", "async_pct")

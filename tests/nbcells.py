@@ -1,5 +1,13 @@
-"""Reading nbgrader notebooks in the lab tests: a cell's grade id, its source, a cell by id."""
+"""Reading nbgrader notebooks in the lab tests (a cell's grade id, its source, a cell by id),
+and the grader tests' shared steps: grading runs, their scores, a phase module loaded fresh."""
 from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 
 def gid(cell: dict) -> str | None:
@@ -16,3 +24,96 @@ def src(cell: dict) -> str:
 def cell(nb: dict, grade_id: str) -> dict:
     """The cell whose ``grade_id`` is ``grade_id``."""
     return next(c for c in nb["cells"] if gid(c) == grade_id)
+
+
+def points(nb: dict) -> dict[str, float]:
+    """``{grade_id: points}`` of the notebook's graded cells."""
+    return {gid(c): c["metadata"]["nbgrader"]["points"] for c in nb["cells"] if c["metadata"]["nbgrader"].get("grade")}
+
+
+def leaked_lines(source: dict, released: dict) -> list[str]:
+    """Lines between ``### BEGIN``/``### END`` markers of the source (solutions, hidden tests)
+    that stand in the released notebook and nowhere visible in the source."""
+    hidden_or_solution, visible = [], set()
+    for c in source["cells"]:
+        inside = False
+        for line in src(c).splitlines():
+            if "### BEGIN" in line or "### END" in line:
+                inside = "### BEGIN" in line
+            elif line.strip():
+                (hidden_or_solution.append(line.strip()) if inside else visible.add(line.strip()))
+    shown = {ln.strip() for c in released["cells"] for ln in src(c).splitlines()}
+    return [ln for ln in hidden_or_solution if ln in shown and ln not in visible]
+
+
+# -- grading runs -------------------------------------------------------------------------------
+
+def autograde(root: Path, assignment: str, subs: Path, out: Path, *, jobs: int, timeout_s: int,
+              quiet: bool = True, wait_s: int = 1200) -> dict:
+    """``python -m grader autograde`` on the folder ``subs``: ``{"out", "results"`` (by student),
+    ``"rows"`` (grades.csv by student), ``"stdout", "stderr"}``."""
+    cmd = [sys.executable, "-m", "grader", "autograde", "--assignment", assignment, "--submissions", str(subs),
+           "--out", str(out), "--jobs", str(jobs), "--timeout", str(timeout_s)] + (["--quiet"] if quiet else [])
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=wait_s)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = {r["student_id"]: r for r in json.loads((out / "results.json").read_text())}
+    with open(out / "grades.csv", newline="") as fh:
+        rows = {r["student_id"]: r for r in csv.DictReader(fh)}
+    return {"out": out, "results": results, "rows": rows, "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+def check_each(root: Path, subs: dict[str, dict], tmp: Path, *args: str, wait_s: int = 900) -> dict:
+    """``python -m grader check`` on each notebook of ``subs``, all at once:
+    ``{name: (returncode, stdout, stderr, the JSON result)}``."""
+    procs = {}
+    for name, nb in subs.items():
+        path = tmp / f"{name}.ipynb"
+        path.write_text(json.dumps(nb))
+        procs[name] = subprocess.Popen([sys.executable, "-m", "grader", "check", str(path), "--json-out",
+                                        str(tmp / f"{name}.json"), *args], cwd=root, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+    outs = {name: p.communicate(timeout=wait_s) for name, p in procs.items()}
+    return {name: (procs[name].returncode, *outs[name], json.loads((tmp / f"{name}.json").read_text()))
+            for name in subs}
+
+
+def scores(result: dict) -> dict[str, float]:
+    """``{cell: score}`` of one graded notebook's result."""
+    return {c["cell"]: c["score"] for c in result["cells"]}
+
+
+def messages(result: dict) -> str:
+    """Every cell's feedback message, named by its cell, on one line."""
+    return " | ".join(f"{c['cell']}: {c.get('message', '')}" for c in result["cells"] if c.get("message"))
+
+
+def load_phase(path: Path, monkeypatch, tmp_path: Path, record: dict | None = None):
+    """``path`` (a ``grader/phaseN.py``) loaded as a hidden test loads it: fresh and unregistered,
+    with ``record`` (if any) submitted through ``GPULAB_SUBMITTED_RECORD``."""
+    if record is not None:
+        rec_path = tmp_path / "record.json"
+        rec_path.write_text(json.dumps(record))
+        monkeypatch.setenv("GPULAB_SUBMITTED_RECORD", str(rec_path))
+    spec = importlib.util.spec_from_file_location(f"_gpulab_{path.stem}_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def assert_release_clean(assignment: str, release: Path, source: Path, markers: tuple[str, ...],
+                         expected_points: dict) -> None:
+    """The released notebook is what ``python -m grader release`` writes now, shows none of
+    ``markers``, grades ``expected_points``, and leaks no solution or hidden-test line; every
+    source cell has a grade_id."""
+    from grader.release import released_text
+
+    text = released_text(assignment)
+    assert text == release.read_text(), "notebooks/ is stale: run python -m grader release"
+    for marker in markers:
+        assert marker not in text
+    nb = json.loads(text)
+    assert points(nb) == expected_points
+    source_nb = json.loads(source.read_text())
+    assert all(gid(c) for c in source_nb["cells"]), "every source cell needs a grade_id (deleted cells are restored by it)"
+    leaked = leaked_lines(source_nb, nb)
+    assert not leaked, f"solution or hidden-test lines in the release: {leaked[:5]}"

@@ -40,6 +40,36 @@ def test_patched_utils_function_is_caught(monkeypatch):
         checks.assert_untampered()
 
 
+def test_extra_modules_are_checked_too(monkeypatch):
+    import utils.kvcache
+
+    checks.assert_untampered(("utils.kvcache",))
+    monkeypatch.setattr(utils.kvcache, "bytes_per_token", lambda *a, **k: 0)
+    checks.assert_untampered()  # not among checks' own modules
+    with pytest.raises(AssertionError, match="utils.kvcache.bytes_per_token"):
+        checks.assert_untampered(("utils.kvcache",))
+    with pytest.raises(AssertionError, match="utils.no_such_module .cannot import"):
+        checks.assert_untampered(("utils.no_such_module",))
+
+
+def test_agree_retries_a_miss_and_call_gives_one_line(capsys):
+    misses = []
+
+    def compare():
+        if len(misses) < 2:
+            misses.append(1)
+            raise AssertionError("outside the band")
+        return "ok"
+
+    assert checks.agree(compare, 3) == "ok" and len(misses) == 2
+    misses.clear()
+    with pytest.raises(AssertionError, match="outside the band"):
+        checks.agree(compare, 2)
+    with pytest.raises(AssertionError, match=r"^f\(1, 'x'\) raised ZeroDivisionError: division by zero$"):
+        checks.call(lambda a, b: 1 / 0, 1, "x", name="f")
+    assert checks.call(lambda a: a + 1, 1, name="g") == 2
+
+
 def test_patched_method_and_swapped_module_are_caught(monkeypatch):
     import utils.timing
 

@@ -8,7 +8,6 @@ The batch takes about two minutes on two cores.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -18,8 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.nbcells import autograde
 from tests.nbcells import cell as _cell
 from tests.nbcells import gid as _gid
+from tests.nbcells import messages as _messages
+from tests.nbcells import scores as _scores
 from tests.nbcells import src as _src
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,22 +186,7 @@ def batch(tmp_path_factory):
     (layout / "00_foundations.ipynb").write_text(json.dumps(answered()))
     (layout / "00_foundations.record.json").write_text(json.dumps(gpu_record()))
 
-    cmd = [sys.executable, "-m", "grader", "autograde", "--assignment", "00_foundations", "--submissions", str(subs),
-           "--out", str(out), "--jobs", "2", "--timeout", str(TIMEOUT_S)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = {r["student_id"]: r for r in json.loads((out / "results.json").read_text())}
-    with open(out / "grades.csv", newline="") as fh:
-        rows = {r["student_id"]: r for r in csv.DictReader(fh)}
-    return {"out": out, "results": results, "rows": rows, "stdout": proc.stdout, "stderr": proc.stderr}
-
-
-def _scores(result: dict) -> dict[str, float]:
-    return {c["cell"]: c["score"] for c in result["cells"]}
-
-
-def _messages(result: dict) -> str:
-    return " | ".join(c.get("message", "") for c in result["cells"])
+    return autograde(ROOT, "00_foundations", subs, out, jobs=2, timeout_s=TIMEOUT_S, quiet=False, wait_s=900)
 
 
 def test_reference_scores_full_marks(batch):

@@ -7,13 +7,13 @@ those cells. About a minute and a half on two cores.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.nbcells import check_each
 from tests.nbcells import gid as _gid
+from tests.nbcells import scores as _scores
 from tests.nbcells import src as _src
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,20 +46,8 @@ def graded(tmp_path_factory):
     _edit(wrong, "optimized_answer", "precision=PRECISION,", 'precision="fp16",')
     _edit(wrong, "cause_answer", "CAUSE = max(single_peaks, key=single_peaks.get)", 'CAUSE = "autocast"')
     subs = {"ref": answered(), "rel": json.loads(RELEASE.read_text()), "wrong": wrong}
-    procs = {}
-    for name, nb in subs.items():
-        path = tmp / f"{name}.ipynb"
-        path.write_text(json.dumps(nb))
-        procs[name] = subprocess.Popen([sys.executable, "-m", "grader", "check", str(path), "--json-out",
-                                        str(tmp / f"{name}.json")], cwd=ROOT, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
-    outs = {name: p.communicate(timeout=900) for name, p in procs.items()}
-    return {name: (procs[name].returncode, outs[name][0], json.loads((tmp / f"{name}.json").read_text()))
-            for name in subs}
-
-
-def _scores(res: dict) -> dict:
-    return {c["cell"]: c["score"] for c in res["cells"]}
+    runs = check_each(ROOT, subs, tmp)
+    return {name: (rc, out, res) for name, (rc, out, err, res) in runs.items()}
 
 
 def test_reference_scores_full_marks(graded):

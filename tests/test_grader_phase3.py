@@ -11,18 +11,16 @@ process. About two minutes on two cores.
 """
 from __future__ import annotations
 
-import csv
-import importlib.util
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.nbcells import assert_release_clean, autograde, load_phase
 from tests.nbcells import cell as _cell
-from tests.nbcells import gid as _gid
+from tests.nbcells import messages as _messages
+from tests.nbcells import scores as _scores
 from tests.nbcells import src as _src
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,22 +120,7 @@ def batch(tmp_path_factory):
     put("hostile", hostile)  # with a plausible GPU record: its measured cells are graded from that
     (subs / "hostile.record.json").write_text(json.dumps(h100_record()))
 
-    cmd = [sys.executable, "-m", "grader", "autograde", "--assignment", ASSIGNMENT, "--submissions", str(subs),
-           "--out", str(out), "--jobs", "2", "--timeout", str(TIMEOUT_S), "--quiet"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = {r["student_id"]: r for r in json.loads((out / "results.json").read_text())}
-    with open(out / "grades.csv", newline="") as fh:
-        rows = {r["student_id"]: r for r in csv.DictReader(fh)}
-    return {"out": out, "results": results, "rows": rows}
-
-
-def _scores(result: dict) -> dict[str, float]:
-    return {c["cell"]: c["score"] for c in result["cells"]}
-
-
-def _messages(result: dict) -> str:
-    return " | ".join(f"{c['cell']}: {c.get('message', '')}" for c in result["cells"] if c.get("message"))
+    return autograde(ROOT, ASSIGNMENT, subs, out, jobs=2, timeout_s=TIMEOUT_S)
 
 
 def test_reference_scores_full_marks_measured_live(batch):
@@ -177,14 +160,7 @@ def test_grades_csv_lists_every_submission(batch):
 def phase3(monkeypatch, tmp_path):
     """grader/phase3.py loaded as a hidden test loads it, on this CPU-only machine."""
     def load(record: dict | None):
-        if record is not None:
-            path = tmp_path / "record.json"
-            path.write_text(json.dumps(record))
-            monkeypatch.setenv("GPULAB_SUBMITTED_RECORD", str(path))
-        spec = importlib.util.spec_from_file_location("_gpulab_phase3_test", ROOT / "grader" / "phase3.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
+        return load_phase(ROOT / "grader" / "phase3.py", monkeypatch, tmp_path, record)
     return load
 
 
@@ -276,25 +252,5 @@ def test_live_decode_check_catches_a_patched_utils_decode(phase3, monkeypatch):
 # -- release --------------------------------------------------------------------------------------
 
 def test_release_is_current_and_leaks_nothing():
-    from grader.release import released_text
-
-    text = released_text(ASSIGNMENT)
-    assert text == RELEASE.read_text(), "notebooks/ is stale: run python -m grader release"
-    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "_p3.check_", "page_bytes"):
-        assert marker not in text
-    nb = json.loads(text)
-    graded = {_gid(c): c["metadata"]["nbgrader"]["points"] for c in nb["cells"] if c["metadata"]["nbgrader"].get("grade")}
-    assert graded == POINTS
-    src = json.loads(SOURCE.read_text())
-    assert all(_gid(c) for c in src["cells"]), "every source cell needs a grade_id (deleted cells are restored by it)"
-    hidden_or_solution, visible = [], set()
-    for c in src["cells"]:
-        inside = False
-        for line in _src(c).splitlines():
-            if "### BEGIN" in line or "### END" in line:
-                inside = "### BEGIN" in line
-            elif line.strip():
-                (hidden_or_solution.append(line.strip()) if inside else visible.add(line.strip()))
-    released = {ln.strip() for c in nb["cells"] for ln in _src(c).splitlines()}
-    leaked = [ln for ln in hidden_or_solution if ln in released and ln not in visible]
-    assert not leaked, f"solution or hidden-test lines in the release: {leaked[:5]}"
+    markers = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "_p3.check_", "page_bytes")
+    assert_release_clean(ASSIGNMENT, RELEASE, SOURCE, markers, POINTS)

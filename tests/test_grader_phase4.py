@@ -12,18 +12,17 @@ that names it. About two minutes on two cores.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from tests.nbcells import cell as _cell
+from tests.nbcells import check_each, load_phase, points
 from tests.nbcells import gid as _gid
+from tests.nbcells import scores as _scores
 from tests.nbcells import src as _src
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,20 +48,8 @@ def answered() -> dict:
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("phase4")
     subs = {"ref": answered(), "rel": json.loads(RELEASE.read_text())}
-    procs = {}
-    for name, nb in subs.items():
-        path = tmp / f"{name}.ipynb"
-        path.write_text(json.dumps(nb))
-        procs[name] = subprocess.Popen([sys.executable, "-m", "grader", "check", str(path), "--json-out",
-                                        str(tmp / f"{name}.json"), "--timeout", str(TIMEOUT_S)], cwd=ROOT,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    outs = {name: p.communicate(timeout=900) for name, p in procs.items()}
-    return {name: (procs[name].returncode, outs[name][0] + outs[name][1], json.loads((tmp / f"{name}.json").read_text()))
-            for name in subs}
-
-
-def _scores(res: dict) -> dict:
-    return {c["cell"]: c["score"] for c in res["cells"]}
+    runs = check_each(ROOT, subs, tmp, "--timeout", str(TIMEOUT_S))
+    return {name: (rc, out + err, res) for name, (rc, out, err, res) in runs.items()}
 
 
 def test_reference_scores_full_marks_measured_live(graded):
@@ -85,8 +72,7 @@ def test_release_is_current_and_leaks_nothing():
     for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "_p4.check_", "CHOICE = {\"config\": pick"):
         assert marker not in text
     nb = json.loads(text)
-    graded = {_gid(c): c["metadata"]["nbgrader"]["points"] for c in nb["cells"] if c["metadata"]["nbgrader"].get("grade")}
-    assert graded == POINTS
+    assert points(nb) == POINTS
     assert all(_gid(c) for c in json.loads(SOURCE.read_text())["cells"])
 
 
@@ -117,14 +103,7 @@ def _metrics(**replace):
 def phase4(monkeypatch, tmp_path):
     """grader/phase4.py loaded as a hidden test loads it (optionally with a submitted record)."""
     def load(record: dict | None = None):
-        if record is not None:
-            path = tmp_path / "record.json"
-            path.write_text(json.dumps(record))
-            monkeypatch.setenv("GPULAB_SUBMITTED_RECORD", str(path))
-        spec = importlib.util.spec_from_file_location("_gpulab_phase4_test", ROOT / "grader" / "phase4.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
+        return load_phase(ROOT / "grader" / "phase4.py", monkeypatch, tmp_path, record)
     return load
 
 
