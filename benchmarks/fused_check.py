@@ -39,16 +39,11 @@ BF16_TOL = 0.25
 
 
 def copy_ceiling(n_rows: int, n_cols: int, device, dtype) -> dict:
-    """Median time and bandwidth of ``out.copy_(x)`` on the same shape: reads N e, writes N e."""
-    import torch
+    """Median time and bandwidth of a copy of the same shape and dtype: reads N e, writes N e."""
+    from utils.inference import measure_copy_bandwidth
 
-    from utils.timing import benchmark
-
-    x = torch.randn(n_rows, n_cols, device=device, dtype=dtype)
-    out = torch.empty_like(x)
-    t = benchmark(out.copy_, x, device=device, warmup=5, budget_s=2.0)
-    nbytes = 2 * x.numel() * x.element_size()
-    return {"copy_ms": t.median_ms, "copy_gbs": nbytes / (t.median_ms * 1e-3) / 1e9}
+    c = measure_copy_bandwidth(n_rows * n_cols, device, budget_s=2.0, dtype=dtype)
+    return {"copy_ms": c["time"].median_ms, "copy_gbs": c["gbs"]}
 
 
 def run(out: Path) -> dict:

@@ -17,7 +17,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from tests.procs import free_port
 from tests.test_exporter import FakePynvml, fake_nvml
 from utils import exporter as ex
 
@@ -243,12 +243,6 @@ class FakeVllm:
         self.server.server_close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())
@@ -283,7 +277,7 @@ def prometheus(tmp_path_factory):
         config = tmp / "prometheus.yml"
         config.write_text(yaml.safe_dump(_test_config({"gpu-metrics": f"127.0.0.1:{metrics.port}",
                                                        "vllm": f"127.0.0.1:{vllm.port}"})))
-        port = _free_port()
+        port = free_port()
         log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 (closed in the finally below)
         proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
                                  f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.procs import free_port
 from utils.distributed import (
     algbw_gbs,
     allreduce_benchmark,
@@ -151,7 +151,7 @@ def test_allreduce_benchmark_needs_a_process_group():
 
 def test_allreduce_benchmark_in_a_one_process_gloo_group():
     dist = pytest.importorskip("torch.distributed")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         rows = allreduce_benchmark([1024, 4096], iters=3, warmup=1, dtype="bf16")
         with pytest.raises(ValueError, match="not a positive multiple of the torch.float32 element size"):
@@ -165,12 +165,6 @@ def test_allreduce_benchmark_in_a_one_process_gloo_group():
         assert r["n_ranks"] == 1 and r["time_us"] > 0 and r["algbw_gbs"] > 0 and r["busbw_gbs"] == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(120)
 def test_benchmark_script_two_processes_over_gloo(tmp_path):
     pytest.importorskip("torch")
@@ -182,7 +176,7 @@ def test_benchmark_script_two_processes_over_gloo(tmp_path):
     for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
         env.pop(var, None)  # the script must set these itself
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(ROOT / "benchmarks" / "allreduce.py"), "--smoke", "--out", str(out),
            "--sizes", "4KiB,64KiB", "--iters", "3", "--warmup", "1"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)

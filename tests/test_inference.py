@@ -9,13 +9,13 @@ batching gives the same greedy tokens. No timed assertions.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.procs import free_port
 from utils import decode, inference, kvcache, quantize
 from utils.models import build_model
 
@@ -181,15 +181,9 @@ def test_vllm_usable_and_command():
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.4" and "serve" in cmd
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vllm_server_lifecycle_with_a_stand_in(monkeypatch, tmp_path):
     (tmp_path / "health").write_text("ok")
-    port = _free_port()
+    port = free_port()
     monkeypatch.setattr(inference, "vllm_command", lambda *a, **k: [
         sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)])
     with inference.vllm_server("/m", tmp_path / "log.txt", port=port, timeout_s=60) as url:
@@ -197,7 +191,7 @@ def test_vllm_server_lifecycle_with_a_stand_in(monkeypatch, tmp_path):
     monkeypatch.setattr(inference, "vllm_command", lambda *a, **k: [
         sys.executable, "-c", "print('CUDA out of memory while profiling', flush=True); raise SystemExit(3)"])
     with pytest.raises(RuntimeError, match="exited with 3: CUDA out of memory"):
-        with inference.vllm_server("/m", tmp_path / "log2.txt", port=_free_port(), timeout_s=60):
+        with inference.vllm_server("/m", tmp_path / "log2.txt", port=free_port(), timeout_s=60):
             pass
 
 

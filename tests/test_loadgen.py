@@ -25,7 +25,6 @@ import asyncio
 import csv
 import json
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import urllib.request
 import pytest
 import timed_server
 
+from tests.procs import free_port
 from utils import loadgen
 from utils.env import repo_root
 from utils.loadgen import client as loadgen_client
@@ -304,14 +304,8 @@ def test_sweep_goes_from_synchronous_to_throughput(server, tmp_path):
     assert loadgen.plot_latency_throughput(res, tmp_path / "s.png") is not None
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_unreachable_server_is_one_line_and_nonzero():
-    out = subprocess.run([sys.executable, "-m", "utils.loadgen", "--base-url", f"http://127.0.0.1:{_free_port()}",
+    out = subprocess.run([sys.executable, "-m", "utils.loadgen", "--base-url", f"http://127.0.0.1:{free_port()}",
                           "--model", "m", "--concurrency", "1", "--no-progress"],
                          cwd=repo_root(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "Traceback" not in out.stderr

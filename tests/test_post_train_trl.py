@@ -1,36 +1,23 @@
 """benchmarks/post_train_trl.py: TRL SFT then DPO in two real processes over gloo, the data, bad input."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.procs import ACCELERATE_LAUNCH, free_port, load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "post_train_trl.py"
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
+LAUNCH = ACCELERATE_LAUNCH
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("post_train_trl", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ptt = _load()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+ptt = load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +27,7 @@ def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("trl") / "trl.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "GPULAB_SMOKE": "1"}
     cmd = [*LAUNCH, "--config_file", str(ROOT / "benchmarks" / "accelerate" / "ddp.yaml"), "--num_processes", "2",
-           "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()),
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
            str(SCRIPT), "--out", str(out), "--smoke"]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
     assert p.returncode == 0, p.stderr[-3000:]

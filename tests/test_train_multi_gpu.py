@@ -1,37 +1,22 @@
 """benchmarks/train_multi_gpu.py: a real two-process DDP run over gloo, the configs, bad input."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.procs import ACCELERATE_LAUNCH, free_port, load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "train_multi_gpu.py"
 CONFIGS = ROOT / "benchmarks" / "accelerate"
-# the code behind the `accelerate launch` command, found through this interpreter (no PATH lookup)
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
+LAUNCH = ACCELERATE_LAUNCH
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("train_multi_gpu", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tmg = _load()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+tmg = load_script(SCRIPT)
 
 
 def _one_line_error(capsys, rc: int, needle: str) -> None:
@@ -52,7 +37,7 @@ def ddp_run(tmp_path_factory):
     out = d / "ddp.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "GPULAB_SMOKE": "1"}
     cmd = [*LAUNCH, "--config_file", str(CONFIGS / "ddp.yaml"), "--num_processes", "2",
-           "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()),
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
            str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
            "--steps", "3", "--warmup", "1", "--grad-accum", "2", "--measure-comm", "--baseline", str(base)]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)

@@ -81,17 +81,17 @@ def mean_context_len(prompt_len: int, new_tokens: int) -> float:
 # -- measuring -----------------------------------------------------------------------------------
 
 def measure_copy_bandwidth(numel: int | None = None, device: Any = None, max_runs: int = 30,
-                           budget_s: float = 2.0) -> dict:
-    """Copy bandwidth in GB/s: ``dst.copy_(src)`` of ``numel`` fp32 elements (default 1 GiB on
-    CUDA, 4 MiB on a CPU), timed with :func:`utils.timing.benchmark`, counting the read and
-    the write (8 bytes per element), as phase 5 and REFERENCE.md count it."""
+                           budget_s: float = 2.0, dtype: Any = None) -> dict:
+    """Copy bandwidth in GB/s: ``dst.copy_(src)`` of ``numel`` elements of ``dtype`` (default
+    fp32; default size 1 GiB on CUDA, 4 MiB on a CPU), timed with :func:`utils.timing.benchmark`,
+    counting the read and the write (2 x the tensor's bytes), as phase 5 and REFERENCE.md count it."""
     import torch
 
     from utils.timing import benchmark
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     numel = int(numel or (1 << 28 if device.type == "cuda" else 1 << 20))
-    src = torch.randn(numel, device=device)
+    src = torch.randn(numel, device=device, dtype=dtype)
     dst = torch.empty_like(src)
     t = benchmark(lambda: dst.copy_(src), max_runs=max_runs, budget_s=budget_s, device=device)
     nbytes = 2 * numel * src.element_size()
