@@ -86,10 +86,6 @@ def main(argv=None) -> int:
     device = "cuda" if gpu else "cpu"
     spec = hardware.current_spec() if gpu else hardware.CPU_SPEC
 
-    def used_gib():
-        info = nvml.query("nvmlDeviceGetMemoryInfo", nvml.handle(0))
-        return getattr(info, "used", None) and info.used / 2**30
-
     bnb, bnb_why = None, ""
     try:
         import bitsandbytes
@@ -129,14 +125,15 @@ def main(argv=None) -> int:
         if name != "cb-bf16" and operating_rate is None:
             entry["skipped"] = "the baseline cb-bf16 did not give an operating rate"
             continue
-        before = used_gib()
+        before = nvml.used_gib(0)
         try:
             with serve.start(model_dir, engine="transformers", device=device, kv_cache_tokens=kv_tokens,
                              timeout_s=sizes.start_timeout_s, **opts) as server:
                 entry["ready_s"] = server.ready_s
                 entry["label"] = server.label
                 entry["command"] = server.command[2:]
-                entry["gpu_memory_gib"] = None if before is None else round(used_gib() - before, 3)
+                after = nvml.used_gib(0)
+                entry["gpu_memory_gib"] = None if None in (before, after) else round(after - before, 3)
                 fields = server.workload_fields()
                 print(f"{name}: ready in {server.ready_s} s, GPU memory {entry['gpu_memory_gib']} GiB", flush=True)
                 n_sync, run_cap = (sizes.num_requests, cap_s) if name == "cb-bf16" else (4, min(cap_s, a.other_cap_s))

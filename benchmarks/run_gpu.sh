@@ -2,8 +2,9 @@
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
 # Steps: device monitor timing profiling exporter models grader allreduce multigpu breaks accum
-#        trl fused phase3 serving
-# (default: the first six).
+#        trl fused phase3 serving lab:ASSIGNMENT (the reference answers of that lab graded live
+#        here, e.g. lab:02_multi_gpu; python -m grader.gpu_check --live-only)
+# (default: the first six). Needs nbgrader for grader and lab:*; bitsandbytes where a lab quantizes.
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
 set -uo pipefail
 out=${1:-out}; shift || true
@@ -60,6 +61,7 @@ torch.cuda.synchronize()" & load=$!
     phase3) run python benchmarks/phase3_inference.py --out "$out/phase3_inference.json"
       run python benchmarks/decode_tuning.py "$out/decode_tuning.json" ;;
     serving) run python benchmarks/phase4_serving.py --out "$out/phase4_serving.json" ;;
+    lab:*) a=${step#lab:}; run python -m grader.gpu_check "$out/lab_$a" --assignment "$a" --live-only ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac
 done

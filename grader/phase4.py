@@ -62,17 +62,12 @@ def sizes():
 
 
 def gpu_used_gib() -> float | None:
-    """Memory in use on GPU 0 (NVML, every process); None in smoke mode (the engine runs on the
-    CPU there, whatever NVML sees) or without NVML."""
+    """Memory in use on the first GPU this process sees (NVML, every process; CUDA_VISIBLE_DEVICES
+    respected); None in smoke mode (the engine runs on the CPU there, whatever NVML sees) or without NVML."""
     from utils import nvml
     from utils.env import smoke_mode
 
-    if smoke_mode():
-        return None
-
-    info = nvml.query("nvmlDeviceGetMemoryInfo", nvml.handle(0))
-    used = getattr(info, "used", None)
-    return None if used is None else used / 2**30
+    return None if smoke_mode() else nvml.used_gib(0)
 
 
 # -- setting, tampering, reporting ----------------------------------------------------------

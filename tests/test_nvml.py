@@ -217,6 +217,19 @@ def test_visible_indices(monkeypatch, env, expected):
         assert nvml.visible_indices() == expected
 
 
+def test_used_gib_reads_the_visible_gpu(monkeypatch):
+    gpus = [FakeGpu(mem_used_bytes=10 * 2**30), FakeGpu(mem_used_bytes=3 * 2**30)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with installed(FakeNvml(gpus)):
+        assert nvml.used_gib(0) == 3.0  # CUDA's device 0 is NVML's GPU 1 here
+        assert nvml.used_gib(1) is None
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with installed(FakeNvml(gpus)):
+        assert nvml.used_gib(0) == 10.0
+    with installed(FakeNvml(init_error="Driver Not Loaded")):
+        assert nvml.used_gib(0) is None
+
+
 def test_explicit_devices(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with installed(FakeNvml([FakeGpu(), FakeGpu()])):

@@ -175,6 +175,17 @@ def visible_indices() -> list[int]:
     return list(dict.fromkeys(out))
 
 
+def used_gib(cuda_index: int = 0) -> float | None:
+    """GiB in use on the ``cuda_index``-th GPU this process sees (``CUDA_VISIBLE_DEVICES`` order),
+    counting every process's allocations, as nvidia-smi shows them; None without NVML or that GPU."""
+    visible = visible_indices()
+    if not 0 <= cuda_index < len(visible):
+        return None
+    info = query("nvmlDeviceGetMemoryInfo", handle(visible[cuda_index]))
+    used = getattr(info, "used", None)
+    return None if used is None else used / 2**30
+
+
 # ---------------------------------------------------------------------------------------
 # GpuMonitor: a background sampler built on query()
 # ---------------------------------------------------------------------------------------
