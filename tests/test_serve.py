@@ -181,3 +181,63 @@ def test_engine_dies_with_its_parent(model_dir, tmp_path):
         serve.os.killpg(pid, 9)
         pytest.fail("the engine outlived the process that started it")
     assert _refused(port)
+
+
+# -- readiness against stand-in engines (no model: a stdlib HTTP server in a thread) --------------
+
+def _stand_in(models_status: int, models: list[str]):
+    """/health 200; /v1/models answers ``models_status`` listing ``models``; /v1/completions streams."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json"):
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200, b"{}")
+            elif self.path == "/v1/models":
+                self._send(models_status, json.dumps({"data": [{"id": m} for m in models]}).encode())
+            else:
+                self._send(404, b"{}")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._send(200, b'data: {"choices": [{"text": "x"}]}\n\n', "text/event-stream")
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+@pytest.mark.parametrize("status, models, error", [
+    (500, [], None),  # transformers serve 5.17 without a Hub cache (seen on an H200): serves the directory anyway
+    (200, [], None),
+    (200, ["/m"], None),
+    (200, ["someone-else"], "serves other models, not /m"),
+])
+def test_readiness_trusts_the_first_request_not_the_model_list(tmp_path, status, models, error):
+    import time
+    import types
+
+    httpd = _stand_in(status, models)
+    try:
+        srv = types.SimpleNamespace(engine="transformers", model="/m", base_url=f"http://127.0.0.1:{httpd.server_port}",
+                                    log_path=tmp_path / "engine.log", log_tail=lambda: "")
+        proc = types.SimpleNamespace(poll=lambda: None, returncode=None)
+        if error is None:
+            serve._wait_ready(srv, proc, time.perf_counter(), 10.0)
+        else:
+            with pytest.raises(serve.ServeError, match=error):
+                serve._wait_ready(srv, proc, time.perf_counter(), 10.0)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
