@@ -84,10 +84,15 @@ def test_fsdp_configs_parse_with_accelerate(name, strategy):
     assert cfg["distributed_type"] == "FSDP"
     assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] == strategy
     assert cfg["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "GPT2Block"
-    from accelerate.utils import FullyShardedDataParallelPlugin
+    # the environment `accelerate launch` hands the processes: FSDP1's plugin reads the strategy
+    # from FSDP_SHARDING_STRATEGY, which launch sets to FULL_SHARD unless the config names one
+    # (a SHARD_GRAD_OP config with fsdp_reshard_after_forward alone ran FULL_SHARD on 2 H200s)
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
 
-    plugin = FullyShardedDataParallelPlugin(fsdp_version=1, reshard_after_forward=strategy)
-    assert plugin.reshard_after_forward.name == strategy  # Accelerate accepts the name
+    args = launch_command_parser().parse_args(["--config_file", str(CONFIGS / name), "--num_processes", "2", "x.py"])
+    env = prepare_multi_gpu_env(_validate_launch_command(args)[0])
+    assert env["FSDP_SHARDING_STRATEGY"] == strategy
 
 
 def test_ddp_config_parses():
