@@ -30,6 +30,9 @@ DDP's bucketing overlaps with the backward pass.
 last (gradients all-reduced once per step); ``--no-sync-accum`` drops the ``no_sync``, so
 every micro-batch all-reduces: the accumulation mistake issue 5 asks to measure.
 
+``--bucket-mb``, ``--bucket-view`` and ``--comm-hook bf16`` are DDP's overlap and traffic knobs
+(``DistributedDataParallelKwargs``); the hook halves the bytes each step all-reduces.
+
 The NCCL/NVSHMEM multicast variables are set (``setdefault``) before torch is imported:
 NVLink multicast can take a shared host's GPUs out of service (shared/REFERENCE.md).
 FSDP on a CPU is refused with one line: Accelerate 1.15 switches to FSDP only for GPU-like
@@ -75,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16", action="store_true", help="Accelerate mixed_precision='bf16' (overrides the config)")
     p.add_argument("--bucket-mb", type=int, default=25, help="DDP bucket_cap_mb (PyTorch's default 25)")
     p.add_argument("--bucket-view", action="store_true", help="DDP gradient_as_bucket_view=True (no grad copy)")
+    p.add_argument("--comm-hook", choices=("none", "bf16"), default="none",
+                   help="DDP communication hook: bf16 all-reduces gradients as bf16 (half the bytes of fp32)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--no-sync-accum", action="store_true", help="all-reduce on every micro-batch")
     p.add_argument("--measure-comm", action="store_true", help="also time steps without gradient sync (DDP)")
@@ -151,6 +156,12 @@ def _batches(args: argparse.Namespace, rank: int, world: int, vocab_size: int, d
     return out
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _distributed_info(accelerator, wrapped=None) -> dict:
     """What actually wraps the model: read from the prepared module (FSDP1 keeps its
     ``sharding_strategy``), not from the plugin, whose fields depend on which config key set it."""
@@ -166,6 +177,11 @@ def _distributed_info(accelerator, wrapped=None) -> dict:
         info["sharding_strategy"] = "none (one process, no wrapper)"
     elif accelerator.distributed_type.value in ("MULTI_GPU", "MULTI_CPU"):
         info["sharding_strategy"] = "DDP (replicated)"
+        logged = getattr(wrapped, "_get_ddp_logging_data", None)  # what DDP itself runs with
+        if logged is not None:
+            d = logged()
+            info["ddp"] = {"bucket_cap_mb": d.get("bucket_cap_bytes", 0) / 2**20, "comm_hook": d.get("comm_hook") or "none",
+                           "gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view"))}
     return info
 
 
@@ -173,7 +189,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     """The timed loop on this rank; rank 0 returns the gathered result (others None)."""
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, gather_object
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, gather_object
 
     from utils.flops import flops_per_token_from_config, mfu_from_throughput
     from utils.hardware import current_spec, fingerprint
@@ -183,7 +199,11 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
 
     # DDP's gradient buckets: fewer, larger buckets mean fewer all-reduce launches (and, under
     # torch.compile, fewer graph splits by DDPOptimizer, which cuts the graph at each bucket)
-    ddp_kwargs = DistributedDataParallelKwargs(bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=args.bucket_view)
+    # --comm-hook bf16: PyTorch's bf16_compress_hook through Accelerate (DDPCommunicationHookType.BF16):
+    # under autocast DDP all-reduces the fp32 gradients; compressed, half the bytes cross the link
+    hook = DDPCommunicationHookType.BF16 if args.comm_hook == "bf16" else DDPCommunicationHookType.NO
+    ddp_kwargs = DistributedDataParallelKwargs(bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=args.bucket_view,
+                                               comm_hook=hook)
     # cpu=True without CUDA: a DDP config launched on a CPU machine then runs over gloo
     # (Accelerate picks MULTI_CPU only when told cpu; `accelerate launch --cpu` alone starts one process)
     accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None, cpu=not torch.cuda.is_available(),
@@ -262,7 +282,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         "config": {"preset": args.preset, "batch_per_device": args.batch_per_device, "seq": args.seq,
                    "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "bf16": args.bf16,
                    "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum,
-                   "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view},
+                   "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view, "comm_hook": args.comm_hook},
         "tokens_per_step_per_device": tokens_per_step,
         "per_rank": ranks,
         "tokens_per_s_per_device": per_device,
@@ -299,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline = validate(args)
         if _fsdp_on_cpu():
             raise UsageError("FSDP needs CUDA GPUs here (NCCL); on a CPU run the DDP config or no config")
+        if args.comm_hook == "bf16" and not _cuda():
+            raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
         res = run(args, baseline)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -29,7 +29,7 @@ def _one_line_error(capsys, rc: int, needle: str) -> None:
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     """One real `accelerate launch` of the DDP config with 2 CPU processes, with every option
-    that changes the loop (accumulation, --measure-comm, --baseline)."""
+    that changes the loop (accumulation, --measure-comm, --baseline) and DDP's bucket knobs."""
     d = tmp_path_factory.mktemp("ddp")
     base = d / "one_gpu.json"
     base.write_text(json.dumps({"world_size": 1, "total_tokens_per_s": 1000.0,
@@ -39,7 +39,8 @@ def ddp_run(tmp_path_factory):
     cmd = [*LAUNCH, "--config_file", str(CONFIGS / "ddp.yaml"), "--num_processes", "2",
            "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
            str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
-           "--steps", "3", "--warmup", "1", "--grad-accum", "2", "--measure-comm", "--baseline", str(base)]
+           "--steps", "3", "--warmup", "1", "--grad-accum", "2", "--measure-comm", "--baseline", str(base),
+           "--bucket-mb", "1", "--bucket-view"]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
@@ -61,6 +62,8 @@ def test_ddp_two_cpu_processes(ddp_run):
         assert x["tokens_per_s"] == pytest.approx(3 * 128 / x["total_s"])
         assert 0.0 <= x["exposed_comm_share"] < 1.0
     assert r["exposed_comm_share"] == max(x["exposed_comm_share"] for x in r["per_rank"])
+    # read back from DDP itself: the options reached the wrapper
+    assert r["ddp"] == {"bucket_cap_mb": 1.0, "comm_hook": "none", "gradient_as_bucket_view": True}
 
 
 def test_ddp_record_fields(ddp_run):
@@ -107,6 +110,15 @@ def test_fsdp_refused_on_cpu(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny"])
     _one_line_error(capsys, rc, "FSDP needs CUDA")
+
+
+def test_bf16_comm_hook_refused_on_cpu(capsys, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the hook runs on this machine")
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--comm-hook", "bf16"])
+    _one_line_error(capsys, rc, "--comm-hook bf16 needs CUDA")
 
 
 def test_missing_config_file(capsys, tmp_path):
