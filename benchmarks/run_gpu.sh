@@ -2,7 +2,7 @@
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
 # Steps: device monitor timing profiling exporter models grader allreduce multigpu breaks accum
-#        trl fused phase3 serving lab:ASSIGNMENT (the reference answers of that lab graded live
+#        trl fused phase3 serving scaling (1 to 8 GPUs, issue 9) lab:ASSIGNMENT (the reference answers of that lab graded live
 #        here, e.g. lab:02_multi_gpu; python -m grader.gpu_check --live-only)
 # (default: the first six). Needs nbgrader for grader and lab:*; bitsandbytes where a lab quantizes.
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
@@ -56,6 +56,21 @@ torch.cuda.synchronize()" & load=$!
       al 1 --out "$out/p2b_accum_1gpu.json" $a
       al "$n" --out "$out/p2b_accum_syncall_${n}gpu.json" $a --no-sync-accum --baseline "$out/p2b_accum_1gpu.json"
       al "$n" --out "$out/p2b_accum_nosync_${n}gpu.json" $a --baseline "$out/p2b_accum_1gpu.json" ;;
+    scaling) # issue 9: 1, 2, 4, 8 GPUs (as many as there are): all-reduce, eager and compiled DDP, eager FSDP full shard
+      n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate; t=benchmarks/train_multi_gpu.py
+      for k in 1 2 4 8; do
+        [ "$k" -le "$n" ] || break
+        if [ "$k" -eq 1 ]; then
+          run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 $t --bf16 --out "$out/sc_eager_1gpu.json"
+          run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 $t --bf16 --compile --out "$out/sc_compiled_1gpu.json"
+          continue
+        fi
+        run torchrun --standalone --nproc_per_node "$k" benchmarks/allreduce.py --out "$out/sc_allreduce_${k}gpu.json"
+        run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$k" $t --bf16 --measure-comm --out "$out/sc_eager_${k}gpu.json" --baseline "$out/sc_eager_1gpu.json"
+        run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$k" $t --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --out "$out/sc_compiled_${k}gpu.json" --baseline "$out/sc_compiled_1gpu.json"
+        run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$k" $t --bf16 --out "$out/sc_fsdp_${k}gpu.json" --baseline "$out/sc_eager_1gpu.json"
+      done
+      run python benchmarks/scaling_chart.py "$out" --png "$out/scaling.png" ;;
     trl) n=$(python -c "import torch; print(torch.cuda.device_count())")
       run accelerate launch --config_file benchmarks/accelerate/ddp.yaml --num_processes "$n" benchmarks/post_train_trl.py --out "$out/post_train_trl_${n}gpu.json" --bf16 ;;
     fused) run python benchmarks/fused_check.py --out "$out/fused_check.json" ;;

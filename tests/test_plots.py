@@ -125,3 +125,41 @@ def test_before_after():
     assert mem.get_title().endswith("x0.50")
     with pytest.raises(ValueError, match="needs \\(before, after\\)"):
         plots.before_after({"x": (1.0,)})
+
+
+def test_per_device_scaling_lines_labels_and_bandwidth_panel():
+    fig = plots.per_device_scaling({"DDP": {1: 100.0, 2: 95.0, 4: 90.0}, "FSDP": {1: 100.0, 2: 50.0}},
+                                   {"2 ranks, nccl": [(2**20, 12.0), (2**30, 327.0)]})
+    ax, ax2 = fig.axes
+    assert [list(line.get_xdata()) for line in ax.lines] == [[1, 2, 4], [1, 2]]
+    assert texts(ax) == ["95%", "90%", "50%"]  # efficiency against each line's 1-GPU point
+    assert list(ax2.lines[0].get_ydata()) == [12.0, 327.0] and ax2.get_xscale() == "log"
+    assert len(plots.per_device_scaling({"DDP": {1: 1.0, 2: 1.0}}).axes) == 1  # no all-reduce rows: one panel
+
+
+def test_lab_cells_show_the_figures_utils_plots_returns():
+    """utils.plots closes its figures (no double display), so a lab cell that assigns one must end
+    with it, or the learner sees nothing (02's scaling chart and 05's roofline once did)."""
+    import ast
+    import json
+
+    from grader import SOURCE_DIR
+
+    missing = []
+    for path in sorted(SOURCE_DIR.glob("*/*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            try:
+                body = ast.parse("\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!")))).body
+            except SyntaxError:
+                continue  # solution stubs of released cells; sources parse
+            assigned = {t.id for node in body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                        and isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name)
+                        and node.value.func.value.id == "plots" for t in node.targets if isinstance(t, ast.Name)}
+            last = body[-1] if body else None
+            shown = isinstance(last, ast.Expr) and isinstance(last.value, ast.Name) and last.value.id in assigned
+            if assigned and not shown:
+                missing.append(f"{path.name}:{cell.get('id')}")
+    assert not missing, f"cells that build a utils.plots figure but do not show it: {missing}"

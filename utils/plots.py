@@ -176,6 +176,46 @@ def scaling(n_devices: Sequence[int], throughput: Sequence[float] | Mapping[str,
     return fig
 
 
+def per_device_scaling(series: Mapping[str, Mapping[int, float]],
+                       allreduce: Mapping[str, Sequence[tuple[int, float]]] | None = None, *,
+                       unit: str = "tokens/s", title: str | None = None) -> Figure:
+    """Per-device throughput by GPU count, one line per ``{label: {gpus: value}}`` (linear
+    scaling is a flat line; points labelled with efficiency against the line's smallest
+    count), and, when given, all-reduce bus bandwidth by message size per
+    ``{label: [(bytes, GB/s), ...]}`` in a second panel."""
+    fig, axes = _new_figure(1, 2 if allreduce else 1, width=13.0 if allreduce else 7.0, height=4.2)
+    ax = axes[0]
+    for name, by_n in series.items():
+        pts = sorted(by_n.items())
+        if not pts:
+            continue
+        line, = ax.plot([n for n, _ in pts], [v for _, v in pts], marker="o", label=name)
+        for n, v in pts[1:]:
+            ax.annotate(f"{100 * v / pts[0][1]:.0f}%", (n, v), textcoords="offset points", xytext=(4, -12),
+                        fontsize="small", color=line.get_color())
+    counts = sorted({n for by_n in series.values() for n in by_n})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel(f"{unit} per GPU (flat = linear)")
+    ax.set_title(title or "Per-GPU throughput (labels: scaling efficiency)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="x-small")
+    if allreduce:
+        ax2 = axes[1]
+        for name, rows in allreduce.items():
+            ax2.plot([b for b, _ in rows], [g for _, g in rows], marker="o", label=name)
+        ax2.set_xscale("log", base=2)
+        ax2.set_xlabel("message (bytes)")
+        ax2.set_ylabel("bus bandwidth (GB/s)")
+        ax2.set_title("All-reduce bus bandwidth (nccl-tests' definition)")
+        ax2.grid(True, alpha=0.3)
+        ax2.legend(fontsize="x-small")
+    fig.tight_layout()
+    return fig
+
+
 def memory_breakdown(breakdown: Mapping[str, float] | Mapping[str, Mapping[str, float]], *,
                      capacity_gib: float | None = None, title: str | None = None) -> Figure:
     """Stacked bars of memory by component (GiB). ``breakdown``: one dict such as

@@ -1,0 +1,107 @@
+"""utils.scaling and benchmarks/scaling_chart.py: curves from recorded runs, shipped and made up."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.procs import load_script
+from utils import scaling
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s3"
+chart = load_script(ROOT / "benchmarks" / "scaling_chart.py")
+
+
+def train(world: int, tps: float, *, strategy: str = "DDP (replicated)", dist: str = "MULTI_GPU", compile_: bool = False,
+          batch: int = 16, base: float | None = None, comm: float | None = None, env: dict | None = None, **cfg) -> dict:
+    d = {"world_size": world, "distributed_type": dist if world > 1 else "MULTI_GPU",
+         "sharding_strategy": strategy if world > 1 else scaling.SINGLE, "tokens_per_s_per_device": tps,
+         "config": {"preset": "gpt2-small", "batch_per_device": batch, "seq": 1024, "bf16": True, "compile": compile_,
+                    "grad_accum": 1, "bucket_mb": 25, "bucket_view": False, **cfg}, "env": env or {}}
+    if base is not None:
+        d["baseline"] = {"file": "/elsewhere/one.json", "tokens_per_s": base}
+    if comm is not None:
+        d["exposed_comm_share"] = comm
+    return d
+
+
+def write(folder: Path, **runs: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in runs.items():
+        (folder / f"{name}.json").write_text(json.dumps(data))
+    return folder
+
+
+def by_label(curves):
+    return {c.label: c for c in curves}
+
+
+def test_curves_group_runs_and_start_at_the_one_gpu_run(tmp_path):
+    d = write(tmp_path / "study", one=train(1, 100.0), ddp2=train(2, 98.0, comm=0.02), ddp4=train(4, 90.0, comm=0.06),
+              fsdp2=train(2, 80.0, strategy="FULL_SHARD", dist="FSDP"),
+              p2p=train(2, 93.0, env={"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": None}),
+              big=train(2, 99.0, bucket_mb=200, bucket_view=True, comm_hook="bf16"),
+              notes={"something": "else"})  # other JSONs are skipped
+    c = by_label(scaling.training_curves([d]))
+    assert set(c) == {"eager DDP", "eager FSDP FULL_SHARD", "eager DDP, NCCL_P2P_DISABLE=1",
+                      "eager DDP, 200 MB buckets, bucket views, bf16 hook"}
+    assert c["eager DDP"].per_device == {1: 100.0, 2: 98.0, 4: 90.0}
+    assert c["eager DDP"].efficiency() == {1: 1.0, 2: 0.98, 4: 0.9}
+    assert c["eager DDP"].exposed_comm == {2: 0.02, 4: 0.06}
+    assert c["eager FSDP FULL_SHARD"].efficiency()[2] == 0.8
+    table = scaling.markdown_table(scaling.training_curves([d]))
+    assert "| study | eager DDP" not in table and "| study | gpt2-small, batch 16 x 1024, bf16 | eager DDP | 4 | 90 | 90.0% | 6.0% |" in table
+
+
+def test_the_runs_own_baseline_wins_and_studies_stay_apart(tmp_path):
+    a = write(tmp_path / "a", one=train(1, 100.0), two=train(2, 95.0, base=120.0))
+    b = write(tmp_path / "b", one=train(1, 200.0), two=train(2, 190.0))
+    curves = scaling.training_curves([a, b])
+    assert [(c.source, c.per_device) for c in curves] == [("a", {2: 95.0, 1: 120.0}), ("a", {1: 100.0}),
+                                                          ("b", {2: 190.0, 1: 200.0})]
+    assert curves[1].label == "eager, 1 GPU"  # a's own 1-GPU run: the 2-GPU run was measured against another
+
+
+def test_look_alike_runs_are_both_kept(tmp_path):
+    d = write(tmp_path / "s", one=train(1, 100.0), fsdp_a=train(2, 50.0, strategy="FULL_SHARD", dist="FSDP"),
+              fsdp_b=train(2, 55.0, strategy="FULL_SHARD", dist="FSDP"))
+    assert sorted(c.per_device[2] for c in scaling.training_curves([d])) == [50.0, 55.0]
+
+
+def test_shipped_h200_runs_agree_with_their_own_efficiency():
+    """The recorded 2 x H200 study: efficiency recomputed here equals what train_multi_gpu.py wrote."""
+    curves = scaling.training_curves([RECORDED])
+    assert curves and all(c.source == RECORDED.name for c in curves)
+    for c in curves:
+        for n, f in c.files.items():
+            if n > 1:
+                own = json.loads(Path(f).read_text())["scaling_efficiency"]
+                assert c.efficiency()[n] == pytest.approx(own, rel=1e-12)
+
+
+def test_allreduce_rows_and_bad_files(tmp_path):
+    ar = {"benchmark": "allreduce", "world_size": 2, "backend": "nccl", "env": {"NCCL_P2P_DISABLE": "1"},
+          "results": [{"bytes": 2**30, "busbw_gbs": 27.2}, {"bytes": 2**20, "busbw_gbs": 15.9}]}
+    d = write(tmp_path / "s", ar=ar)
+    assert scaling.allreduce_curves([d]) == {"2 ranks, nccl, NCCL_P2P_DISABLE=1": [(2**20, 15.9), (2**30, 27.2)]}
+    write(d, broken={**ar, "results": [{"bytes": 1}]})
+    with pytest.raises(scaling.ScalingDataError, match="broken.json: all-reduce rows without"):
+        scaling.allreduce_curves([d])
+    (d / "garbled.json").write_text("{not json")
+    with pytest.raises(scaling.ScalingDataError, match="garbled.json: not JSON"):
+        scaling.training_curves([d])
+
+
+def test_chart_cli(tmp_path, capsys):
+    png = tmp_path / "s.png"
+    assert chart.main([str(RECORDED), "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "compiled DDP, 200 MB buckets, bucket views | 2 | 308,804 | 95.2% | 4.2% |" in out and png.stat().st_size > 0
+    for args, needle in (([str(tmp_path / "nope")], "no such file or folder"),
+                         ([str(tmp_path)], "no train_multi_gpu.py or allreduce.py results"),
+                         ([str(RECORDED), "--png", str(tmp_path / "no" / "x.png")], "no folder")):
+        assert chart.main(args) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and needle in err, err

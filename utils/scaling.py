@@ -1,0 +1,196 @@
+"""Scaling curves from recorded runs: ``benchmarks/train_multi_gpu.py`` and ``allreduce.py`` JSONs.
+
+A scaling study is many launches (1, 2, 4, 8 GPUs; DDP and FSDP; eager and compiled), each
+writing its own JSON. This module groups them into curves: one per way of training (strategy,
+compile, DDP's bucket knobs, an NCCL transport override) and per shape (preset, batch per
+device, sequence, accumulation), each curve holding tokens/s per device by GPU count. The
+one-process run of a shape has no strategy (nothing wraps the model), so it starts every curve of
+that shape. Efficiency is :func:`utils.distributed.scaling_efficiency` against that point, the
+definition ``train_multi_gpu.py --baseline`` uses.
+
+    python benchmarks/scaling_chart.py benchmarks/results/<run>/ --png scaling.png   # table + chart
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from utils.distributed import scaling_efficiency
+
+NCCL_OVERRIDES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE")  # transports a run forced off
+SINGLE = "none (one process, no wrapper)"
+
+
+class ScalingDataError(ValueError):
+    """A file that is not a result of train_multi_gpu.py or allreduce.py, or is malformed."""
+
+
+@dataclass
+class Curve:
+    """Tokens/s per device by GPU count for one way of training one shape."""
+    label: str
+    shape: str
+    per_device: dict[int, float] = field(default_factory=dict)
+    exposed_comm: dict[int, float] = field(default_factory=dict)
+    files: dict[int, str] = field(default_factory=dict)
+    source: str = ""  # the folder (one study) the runs came from
+
+    def efficiency(self) -> dict[int, float]:
+        """Per-device throughput at each count over that at the curve's smallest count (1 GPU when
+        the curve has it)."""
+        if not self.per_device:
+            return {}
+        base = self.per_device[min(self.per_device)]
+        return {n: scaling_efficiency(v, base, n, per_device=True) for n, v in sorted(self.per_device.items())}
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ScalingDataError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ScalingDataError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ScalingDataError(f"{path}: not a result object")
+    return data
+
+
+def _files(paths) -> list[Path]:
+    out: list[Path] = []
+    for p in (Path(x) for x in paths):
+        if p.is_dir():
+            out += sorted(p.glob("*.json"))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ScalingDataError(f"{p}: no such file or folder")
+    return out
+
+
+def kind(data: dict) -> str | None:
+    """``"train"`` for a train_multi_gpu.py result, ``"allreduce"`` for allreduce.py's, else None."""
+    if data.get("benchmark") == "allreduce" or ("results" in data and "world_size" in data and "backend" in data):
+        return "allreduce"
+    if "tokens_per_s_per_device" in data and isinstance(data.get("config"), dict) and "world_size" in data:
+        return "train"
+    return None
+
+
+def _shape(cfg: dict) -> str:
+    s = f"{cfg.get('preset')}, batch {cfg.get('batch_per_device')} x {cfg.get('seq')}"
+    if cfg.get("grad_accum", 1) != 1:
+        s += f" x {cfg['grad_accum']} micro-batches"
+    return s + (", bf16" if cfg.get("bf16") else ", fp32")
+
+
+def _way(data: dict) -> str:
+    cfg = data["config"]
+    strat = str(data.get("sharding_strategy", "?"))
+    strat = "DDP" if strat.startswith("DDP") else f"FSDP {strat}" if data.get("distributed_type") == "FSDP" else strat
+    parts = [("compiled " if cfg.get("compile") else "eager ") + strat]
+    if strat == "DDP":
+        if cfg.get("bucket_mb", 25) != 25:
+            parts.append(f"{cfg['bucket_mb']} MB buckets")
+        if cfg.get("bucket_view"):
+            parts.append("bucket views")
+        if cfg.get("comm_hook", "none") != "none":
+            parts.append(f"{cfg['comm_hook']} hook")
+        if cfg.get("no_sync_accum"):
+            parts.append("all-reduce every micro-batch")
+    parts += _overrides(data)
+    return ", ".join(parts)
+
+
+def _overrides(data: dict) -> list[str]:
+    env = data.get("env") or {}
+    return [f"{k}={env[k]}" for k in NCCL_OVERRIDES if env.get(k) not in (None, "")]
+
+
+def training_curves(paths) -> list[Curve]:
+    """Curves from train_multi_gpu.py results among ``paths`` (files or folders; other JSONs
+    skipped). Each folder is one study: curves of different folders are kept apart. A curve's
+    1-GPU point is the baseline its runs were measured against (``--baseline``), else the
+    folder's one-process run of the same shape and compile setting."""
+    singles: dict[tuple, dict] = {}
+    multi: list[dict] = []
+    for f in _files(paths):
+        data = _read(f)
+        if kind(data) != "train":
+            continue
+        data["_file"], data["_source"] = str(f), f.parent.name
+        cfg = data["config"]
+        key = (data["_source"], _shape(cfg), bool(cfg.get("compile")))
+        if int(data["world_size"]) == 1:
+            singles[key] = data
+        else:
+            multi.append(data)
+    curves: dict[tuple, Curve] = {}
+    for data in multi:
+        shape, way, src = _shape(data["config"]), _way(data), data["_source"]
+        n = int(data["world_size"])
+        c = curves.setdefault((src, shape, way), Curve(way, shape, source=src))
+        if n in c.per_device:  # two runs that look alike (say, two configs that ran the same strategy): keep both
+            way = f"{way} [{Path(data['_file']).stem}]"
+            c = curves.setdefault((src, shape, way), Curve(way, shape, source=src))
+        c.per_device[n] = float(data["tokens_per_s_per_device"])
+        c.files[n] = data["_file"]
+        if data.get("exposed_comm_share") is not None:
+            c.exposed_comm[n] = float(data["exposed_comm_share"])
+        base = (data.get("baseline") or {}).get("tokens_per_s")
+        if base is not None:
+            c.per_device[1] = float(base)
+            c.files[1] = str((data.get("baseline") or {}).get("file", "baseline"))
+    for (src, shape, _), c in curves.items():
+        one = singles.get((src, shape, c.label.startswith("compiled")))
+        if 1 not in c.per_device and one is not None:
+            c.per_device[1] = float(one["tokens_per_s_per_device"])
+            c.files[1] = one["_file"]
+    for (src, shape, compiled), one in singles.items():  # a 1-GPU run that no curve uses is a curve of one point
+        used = {c.per_device.get(1) for c in curves.values() if c.source == src and c.shape == shape}
+        if float(one["tokens_per_s_per_device"]) not in used:
+            way = ("compiled" if compiled else "eager") + ", 1 GPU"
+            curves[(src, shape, way)] = Curve(way, shape, {1: float(one["tokens_per_s_per_device"])}, {}, {1: one["_file"]},
+                                              source=src)
+    return sorted(curves.values(), key=lambda c: (c.source, c.shape, c.label))
+
+
+def allreduce_curves(paths) -> dict[str, list[tuple[int, float]]]:
+    """``{"2 ranks, nccl": [(bytes, busbw GB/s), ...]}`` from allreduce.py results among ``paths``."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for f in _files(paths):
+        data = _read(f)
+        if kind(data) != "allreduce":
+            continue
+        label = ", ".join([f"{data['world_size']} ranks", str(data.get("backend", "?")), *_overrides(data)])
+        try:
+            rows = sorted((int(r["bytes"]), float(r["busbw_gbs"])) for r in data["results"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ScalingDataError(f"{f}: all-reduce rows without bytes/busbw_gbs ({exc})") from None
+        out[label] = rows
+    return out
+
+
+def markdown_table(curves: list[Curve]) -> str:
+    """One row per curve and GPU count: tokens/s per device, efficiency, exposed communication."""
+    lines = ["| study | shape | run | GPUs | tokens/s per GPU | efficiency | exposed comm |", "|---|---|---|---|---|---|---|"]
+    for c in curves:
+        eff = c.efficiency()
+        for n, v in sorted(c.per_device.items()):
+            e = f"{100 * eff[n]:.1f}%" if n != min(c.per_device) else ""
+            x = f"{100 * c.exposed_comm[n]:.1f}%" if n in c.exposed_comm else ""
+            lines.append(f"| {c.source} | {c.shape} | {c.label} | {n} | {v:,.0f} | {e} | {x} |")
+    return "\n".join(lines)
+
+
+def figure(curves: list[Curve], allreduce: dict[str, list[tuple[int, float]]] | None = None, *,
+           title: str | None = None) -> Any:
+    """:func:`utils.plots.per_device_scaling` of these curves (and all-reduce rows, when given)."""
+    from utils.plots import per_device_scaling
+
+    studies = {c.source for c in curves}
+    series = {f"{c.label} ({c.shape}" + (f"; {c.source}" if len(studies) > 1 else "") + ")": dict(c.per_device)
+              for c in curves}
+    return per_device_scaling(series, allreduce, title=title)
