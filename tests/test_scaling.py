@@ -89,6 +89,11 @@ def test_allreduce_rows_and_bad_files(tmp_path):
     write(d, broken={**ar, "results": [{"bytes": 1}]})
     with pytest.raises(scaling.ScalingDataError, match="broken.json: all-reduce rows without"):
         scaling.allreduce_curves([d])
+    bad = write(tmp_path / "bad", one=train(1, None), two=train(2, -1.0))
+    with pytest.raises(scaling.ScalingDataError, match="one.json: a train_multi_gpu.py result with a malformed field"):
+        scaling.training_curves([bad / "one.json"])
+    with pytest.raises(scaling.ScalingDataError, match="two.json: .* are not a measured run"):
+        scaling.training_curves([bad / "two.json"])
     (d / "garbled.json").write_text("{not json")
     with pytest.raises(scaling.ScalingDataError, match="garbled.json: not JSON"):
         scaling.training_curves([d])

@@ -121,9 +121,22 @@ def training_curves(paths) -> list[Curve]:
         if kind(data) != "train":
             continue
         data["_file"], data["_source"] = str(f), f.parent.name
+        try:
+            data["world_size"] = int(data["world_size"])
+            data["tokens_per_s_per_device"] = float(data["tokens_per_s_per_device"])
+            if data.get("exposed_comm_share") is not None:
+                data["exposed_comm_share"] = float(data["exposed_comm_share"])
+            base = data.get("baseline")
+            if base is not None and base.get("tokens_per_s") is not None:
+                base["tokens_per_s"] = float(base["tokens_per_s"])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ScalingDataError(f"{f}: a train_multi_gpu.py result with a malformed field ({exc})") from None
+        if data["world_size"] < 1 or not data["tokens_per_s_per_device"] > 0:
+            raise ScalingDataError(f"{f}: world_size {data['world_size']} and tokens/s per device "
+                                   f"{data['tokens_per_s_per_device']} are not a measured run")
         cfg = data["config"]
         key = (data["_source"], _shape(cfg), bool(cfg.get("compile")))
-        if int(data["world_size"]) == 1:
+        if data["world_size"] == 1:
             singles[key] = data
         else:
             multi.append(data)
