@@ -36,6 +36,7 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_bf16hook_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --comm-hook bf16 --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
+      run accelerate launch --config_file $cfg/fsdp2_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp2_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/fsdp_shard_grad_op.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_sgo_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json" ;;
     breaks) # where scaling breaks, eager bf16 (each against a 1-GPU run of the same shape)
       n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate; t=benchmarks/train_multi_gpu.py

@@ -172,6 +172,8 @@ def _distributed_info(accelerator, wrapped=None) -> dict:
         strat = getattr(wrapped, "sharding_strategy", None)
         if strat is None:
             strat = plugin.reshard_after_forward if plugin.reshard_after_forward is not None else plugin.sharding_strategy
+        if isinstance(strat, bool):  # FSDP2: reshard_after_forward, the equivalent of FULL_SHARD / SHARD_GRAD_OP
+            strat = "FULL_SHARD" if strat else "SHARD_GRAD_OP"
         info["sharding_strategy"] = getattr(strat, "name", str(strat))
     elif accelerator.num_processes == 1:
         info["sharding_strategy"] = "none (one process, no wrapper)"

@@ -41,11 +41,12 @@ def by_label(curves):
 def test_curves_group_runs_and_start_at_the_one_gpu_run(tmp_path):
     d = write(tmp_path / "study", one=train(1, 100.0), ddp2=train(2, 98.0, comm=0.02), ddp4=train(4, 90.0, comm=0.06),
               fsdp2=train(2, 80.0, strategy="FULL_SHARD", dist="FSDP"),
+              fully_shard=dict(train(2, 85.0, strategy="FULL_SHARD", dist="FSDP"), fsdp_version=2),
               p2p=train(2, 93.0, env={"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": None}),
               big=train(2, 99.0, bucket_mb=200, bucket_view=True, comm_hook="bf16"),
               notes={"something": "else"})  # other JSONs are skipped
     c = by_label(scaling.training_curves([d]))
-    assert set(c) == {"eager DDP", "eager FSDP FULL_SHARD", "eager DDP, NCCL_P2P_DISABLE=1",
+    assert set(c) == {"eager DDP", "eager FSDP FULL_SHARD", "eager FSDP2 FULL_SHARD", "eager DDP, NCCL_P2P_DISABLE=1",
                       "eager DDP, 200 MB buckets, bucket views, bf16 hook"}
     assert c["eager DDP"].per_device == {1: 100.0, 2: 98.0, 4: 90.0}
     assert c["eager DDP"].efficiency() == {1: 1.0, 2: 0.98, 4: 0.9}

@@ -98,6 +98,18 @@ def test_fsdp_configs_parse_with_accelerate(name, strategy):
     assert env["FSDP_SHARDING_STRATEGY"] == strategy
 
 
+def test_fsdp2_config_reaches_the_launch_environment():
+    cfg = tmg.check_config(CONFIGS / "fsdp2_full_shard.yaml")
+    assert cfg["distributed_type"] == "FSDP" and cfg["fsdp_config"]["fsdp_version"] == 2
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(CONFIGS / "fsdp2_full_shard.yaml"),
+                                               "--num_processes", "2", "x.py"])
+    env = prepare_multi_gpu_env(_validate_launch_command(args)[0])
+    assert env["FSDP_VERSION"] == "2" and env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
+
+
 def test_ddp_config_parses():
     assert tmg.check_config(CONFIGS / "ddp.yaml")["distributed_type"] == "MULTI_GPU"
 

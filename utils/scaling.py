@@ -89,7 +89,8 @@ def _shape(cfg: dict) -> str:
 def _way(data: dict) -> str:
     cfg = data["config"]
     strat = str(data.get("sharding_strategy", "?"))
-    strat = "DDP" if strat.startswith("DDP") else f"FSDP {strat}" if data.get("distributed_type") == "FSDP" else strat
+    fsdp = "FSDP2" if data.get("fsdp_version") == 2 else "FSDP"
+    strat = "DDP" if strat.startswith("DDP") else f"{fsdp} {strat}" if data.get("distributed_type") == "FSDP" else strat
     parts = [("compiled " if cfg.get("compile") else "eager ") + strat]
     if strat == "DDP":
         if cfg.get("bucket_mb", 25) != 25:
