@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         if not a.png.parent.is_dir():
             print(f"{PROG}: error: no folder {a.png.parent} for --png", file=sys.stderr)
             return 2
-        scaling.figure(curves, allreduce or None, title=a.title).savefig(a.png, dpi=120)
+        try:
+            scaling.figure(curves, allreduce or None, title=a.title).savefig(a.png, dpi=120)
+        except (OSError, ValueError) as exc:  # unwritable path, unknown image extension
+            print(f"{PROG}: error: cannot write {a.png}: {exc}", file=sys.stderr)
+            return 2
         print(f"wrote {a.png}")
     return 0
 

@@ -133,12 +133,15 @@ def validate(args: argparse.Namespace) -> dict | None:
     return base
 
 
-def _fsdp_on_cpu() -> bool:
+def _cpu_run() -> bool:
+    """This launch trains on CPUs: no CUDA here, or `accelerate launch --cpu`."""
     import torch
 
-    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-    cpu = os.environ.get("ACCELERATE_USE_CPU", "false").lower() == "true" or not torch.cuda.is_available()
-    return fsdp and cpu
+    return os.environ.get("ACCELERATE_USE_CPU", "false").lower() == "true" or not torch.cuda.is_available()
+
+
+def _fsdp_on_cpu() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and _cpu_run()
 
 
 def _batches(args: argparse.Namespace, rank: int, world: int, vocab_size: int, device) -> list:
@@ -154,12 +157,6 @@ def _batches(args: argparse.Namespace, rank: int, world: int, vocab_size: int, d
         x = torch.stack([ds[i][0] for i in idx]).to(device)
         out.append((x, x))  # HF convention: labels = input_ids, shifted inside the loss
     return out
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _distributed_info(accelerator, wrapped=None) -> dict:
@@ -321,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline = validate(args)
         if _fsdp_on_cpu():
             raise UsageError("FSDP needs CUDA GPUs here (NCCL); on a CPU run the DDP config or no config")
-        if args.comm_hook == "bf16" and not _cuda():
+        if args.comm_hook == "bf16" and _cpu_run():
             raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
         res = run(args, baseline)
     except UsageError as exc:

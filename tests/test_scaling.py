@@ -17,7 +17,7 @@ chart = load_script(ROOT / "benchmarks" / "scaling_chart.py")
 def train(world: int, tps: float, *, strategy: str = "DDP (replicated)", dist: str = "MULTI_GPU", compile_: bool = False,
           batch: int = 16, base: float | None = None, comm: float | None = None, env: dict | None = None, **cfg) -> dict:
     d = {"world_size": world, "distributed_type": dist if world > 1 else "MULTI_GPU",
-         "sharding_strategy": strategy if world > 1 else scaling.SINGLE, "tokens_per_s_per_device": tps,
+         "sharding_strategy": strategy if world > 1 else "none (one process, no wrapper)", "tokens_per_s_per_device": tps,
          "config": {"preset": "gpt2-small", "batch_per_device": batch, "seq": 1024, "bf16": True, "compile": compile_,
                     "grad_accum": 1, "bucket_mb": 25, "bucket_view": False, **cfg}, "env": env or {}}
     if base is not None:
@@ -107,7 +107,8 @@ def test_chart_cli(tmp_path, capsys):
     assert "compiled DDP, 200 MB buckets, bucket views | 2 | 308,804 | 95.2% | 4.2% |" in out and png.stat().st_size > 0
     for args, needle in (([str(tmp_path / "nope")], "no such file or folder"),
                          ([str(tmp_path)], "no train_multi_gpu.py or allreduce.py results"),
-                         ([str(RECORDED), "--png", str(tmp_path / "no" / "x.png")], "no folder")):
+                         ([str(RECORDED), "--png", str(tmp_path / "no" / "x.png")], "no folder"),
+                         ([str(RECORDED), "--png", str(tmp_path / "x.nosuchformat")], "cannot write")):
         assert chart.main(args) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and needle in err, err

@@ -20,7 +20,6 @@ from typing import Any
 from utils.distributed import scaling_efficiency
 
 NCCL_OVERRIDES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE")  # transports a run forced off
-SINGLE = "none (one process, no wrapper)"
 
 
 class ScalingDataError(ValueError):
