@@ -1,25 +1,85 @@
-"""The fast decode path with and without Inductor's coordinate-descent tuning (issue 6's 40% goal).
+"""Ways to compile the fast decode step, measured side by side, and where its time goes (issue 6's 40% goal).
 
-    python benchmarks/decode_tuning.py OUT.json        # on a CUDA GPU: Llama-1.1B shape, bf16, batch 1
+    python benchmarks/decode_tuning.py OUT.json [--variants NAME,...]   # on a CUDA GPU: Llama-1.1B shape, bf16, batch 1
 
 ``utils.decode.FastDecoder`` (static KV cache, fused QKV and gate/up, one CUDA graph per
-token) is built twice over the same random-weight model, once with Inductor's defaults and
-once with ``torch._inductor.config.coordinate_descent_tuning = True`` (gpt-fast sets it: after
-picking a kernel config, Inductor searches the neighbouring block sizes of each generated
-reduction kernel, which matters for the matrix-vector shapes of batch-1 decode). Compilation
-takes about twice as long with it. Each is timed as ``utils.inference.measure_decode``
-times it (TPOT from 1 and 64 new tokens after a 128-token prompt); ``weights_gbs`` is weight
-bytes read per step x steps per second, the quantity the copy bandwidth bounds.
+token) is built once per variant over the same random-weight model:
+
+``default``
+    ``torch.compile(mode="reduce-overhead")``, Inductor's defaults, attention under SDPA's math
+    backend (inductor writes it as its own kernels), as gpt-fast's ``generate.py`` has it.
+``coordinate_descent``
+    the same with ``torch._inductor.config.coordinate_descent_tuning = True`` (gpt-fast sets
+    it). With it, Inductor also rewrites every matrix-vector product (``mm`` with one row)
+    as a multiply and a sum that it generates and tunes itself (``torch/_inductor/
+    decomposition.py``), so the norm before a projection can fuse into it.
+``cd_efficient`` / ``cd_cudnn``
+    coordinate descent, and the attention as one fused SDPA kernel that takes a mask
+    (memory-efficient attention, cuDNN attention) instead of inductor's bmm, softmax, bmm.
+``cd_max_autotune``
+    coordinate descent under ``mode="max-autotune"`` (autotuned matmul templates, CUDA graphs).
+
+Each is timed as ``utils.inference.measure_decode`` times it (TPOT from 1 and 64 new tokens
+after a 128-token prompt); ``weights_gbs`` is weight bytes read per step x steps per second,
+the quantity the copy bandwidth bounds, and ``fraction_of_copy`` is that over the measured copy
+bandwidth. A variant that fails records its error and the others still run. Each is then
+profiled (``utils.profiling.profile_steps`` over 64-token generations): kernels per token,
+GPU-busy time per token and the kernels that take the time.
 """
+from __future__ import annotations
+
+import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# name -> (coordinate_descent_tuning, FastDecoder options)
+VARIANTS = {
+    "default": (False, {}),
+    "coordinate_descent": (True, {}),
+    "cd_efficient": (True, {"sdpa_backends": ("EFFICIENT_ATTENTION",)}),
+    "cd_cudnn": (True, {"sdpa_backends": ("CUDNN_ATTENTION",)}),
+    "cd_max_autotune": (True, {"compile_mode": "max-autotune"}),
+}
+PROMPT_LEN, NEW_TOKENS = 128, 64
 
-def main(out: str) -> int:
+
+def kernel_profile(path, new_tokens: int, steps: int = 3) -> dict:
+    """Kernels per generated token and where the GPU time goes, from a profile of ``steps``
+    generations of ``new_tokens`` tokens (each includes one uncompiled prefill)."""
+    from utils import profiling
+
+    with tempfile.TemporaryDirectory() as tmp:
+        s = profiling.profile_steps(lambda: path(new_tokens), steps=steps, warmup=1, wait=0, top=15,
+                                    trace_path=Path(tmp) / "trace.json")
+        events = profiling.load_events(s.trace_path)
+    window = profiling.analysis_window(events, profiling.step_windows(events))
+    kernels = [e for e in events if e.cat == "kernel" and e.end > window[0] and e.ts < window[1]]
+    per_gen = len(kernels) / steps
+    return {"steps": steps, "new_tokens": new_tokens, "kernels_per_generation": per_gen,
+            "kernels_per_token": per_gen / new_tokens, "gpu_busy_ms_per_generation": s.gpu_busy_ms_per_step,
+            "wall_ms_per_generation": s.step_time_ms, "gpu_idle_fraction": s.gpu_idle_fraction,
+            "mean_kernel_us": s.mean_kernel_us,
+            "top_kernels": [{"name": o.name[:120], "calls_per_token": o.calls / steps / new_tokens,
+                             "us_per_token": o.total_ms * 1e3 / steps / new_tokens, "share": o.share} for o in s.top]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="where to write the JSON results")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated, from {', '.join(VARIANTS)} (default: all)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the kernel profile of each variant")
+    args = ap.parse_args(argv)
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        ap.error(f"unknown variant(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(VARIANTS)}")
+
     import torch
 
     from utils import decode, inference
@@ -28,27 +88,52 @@ def main(out: str) -> int:
     if not torch.cuda.is_available():
         print("decode_tuning.py: error: needs a CUDA GPU (it measures compiled CUDA graphs)", file=sys.stderr)
         return 2
-    res: dict = {}
     torch.manual_seed(0)
     model = build_model("llama-1.1b", dtype="bf16", device="cuda").eval()
-    prompt = torch.randint(100, 30000, (1, 128), device="cuda")
-    res["copy_gbs"] = inference.measure_copy_bandwidth()["gbs"]
-    wbr = inference.weight_bytes_read_per_step(model)
-    for name, tune in (("default", False), ("coordinate_descent", True)):
+    prompt = torch.randint(100, 30000, (1, PROMPT_LEN), device="cuda")
+    res: dict = {"model": "llama-1.1b", "dtype": "bf16", "batch": 1, "prompt_len": PROMPT_LEN,
+                 "new_tokens": NEW_TOKENS, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "copy_gbs": inference.measure_copy_bandwidth()["gbs"],
+                 "weight_bytes_read_per_step": inference.weight_bytes_read_per_step(model), "variants": {}}
+    wbr = res["weight_bytes_read_per_step"]
+    reference = None
+    for name in names:
+        tune, kw = VARIANTS[name]
         torch._dynamo.reset()
         torch._inductor.config.coordinate_descent_tuning = tune
         t0 = time.perf_counter()
-        path = decode.warm(decode.fast_path(model, prompt, 64), 64)
-        m = inference.measure_decode(path, 64)
-        res[name] = {"warm_s": path.warmup_s, "tpot_ms": m["tpot_ms"], "tokens_per_s": m["tokens_per_s"],
-                     "weights_gbs": wbr * m["tokens_per_s"] / 1e9, "wall_s": time.perf_counter() - t0}
-        print(name, res[name], flush=True)
-    Path(out).write_text(json.dumps(res, indent=1))
-    return 0
+        try:
+            path = decode.warm(decode.fast_path(model, prompt, NEW_TOKENS, **kw), NEW_TOKENS)
+            m = inference.measure_decode(path, NEW_TOKENS)
+            tokens = path(NEW_TOKENS)
+        except Exception as e:  # one variant failing (a backend that refuses the shape) leaves the rest
+            res["variants"][name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+            print(name, res["variants"][name], flush=True)
+            continue
+        if reference is None:
+            reference = tokens
+        gbs = wbr * m["tokens_per_s"] / 1e9
+        res["variants"][name] = {
+            "coordinate_descent_tuning": tune, "compile_mode": path.decoder.compile_mode,
+            "sdpa_backends": list(path.decoder.sdpa_backends), "warm_s": path.warmup_s,
+            "tpot_ms": m["tpot_ms"], "tokens_per_s": m["tokens_per_s"], "weights_gbs": gbs,
+            "fraction_of_copy": gbs / res["copy_gbs"], "wall_s": time.perf_counter() - t0,
+            # bf16 kernels that add in another order can flip a near-tie of random weights
+            "first_token_differing_from_first_variant": decode.first_mismatch(reference, tokens)}
+        if not args.no_profile:
+            try:
+                res["variants"][name]["profile"] = kernel_profile(path, NEW_TOKENS)
+            except Exception as e:
+                res["variants"][name]["profile"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        print(name, json.dumps(res["variants"][name], indent=1), flush=True)
+        del path  # its fused weights and CUDA graphs
+        torch.cuda.empty_cache()
+    ok = {n: v for n, v in res["variants"].items() if "error" not in v}
+    if ok:
+        res["fastest"] = min(ok, key=lambda n: ok[n]["tpot_ms"])
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: python benchmarks/decode_tuning.py OUT.json", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())

@@ -2,7 +2,7 @@
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
 # Steps: device monitor timing profiling exporter models grader allreduce multigpu breaks accum
-#        trl fused phase3 serving scaling (1 to 8 GPUs, issue 9) lab:ASSIGNMENT (the reference answers of that lab graded live
+#        trl fused phase3 decode serving scaling (1 to 8 GPUs, issue 9) lab:ASSIGNMENT (the reference answers of that lab graded live
 #        here, e.g. lab:02_multi_gpu; python -m grader.gpu_check --live-only)
 # (default: the first six). Needs nbgrader for grader and lab:*; bitsandbytes where a lab quantizes.
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
@@ -37,6 +37,9 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_bf16hook_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --comm-hook bf16 --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/fsdp2_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp2_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
+      # FSDP2 eager, against an eager 1-GPU run (FSDP1 eager: 86.2% in lab 02's run, RESULTS.md)
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_eager_1gpu.json" --bf16
+      run accelerate launch --config_file $cfg/fsdp2_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp2_eager_${n}gpu.json" --bf16 --baseline "$out/p2_eager_1gpu.json"
       run accelerate launch --config_file $cfg/fsdp_shard_grad_op.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_sgo_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json" ;;
     breaks) # where scaling breaks, eager bf16 (each against a 1-GPU run of the same shape)
       n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate; t=benchmarks/train_multi_gpu.py
@@ -77,7 +80,8 @@ torch.cuda.synchronize()" & load=$!
     fused) run python benchmarks/fused_check.py --out "$out/fused_check.json" ;;
     phase3) run python benchmarks/phase3_inference.py --out "$out/phase3_inference.json"
       run python benchmarks/decode_tuning.py "$out/decode_tuning.json" ;;
-    serving) run python benchmarks/phase4_serving.py --out "$out/phase4_serving.json" ;;
+    decode) run python benchmarks/decode_tuning.py "$out/decode_tuning.json" ;;
+    serving) run python benchmarks/phase4_serving.py --out "$out/phase4_serving.json" --budget-s 400 ;;
     lab:*) a=${step#lab:}; run python -m grader.gpu_check "$out/lab_$a" --assignment "$a" --live-only ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac

@@ -86,6 +86,19 @@ def test_fast_decoder_refuses_what_it_cannot_do(tiny):
     assert decode.first_mismatch(torch.tensor([[1, 2, 3]]), torch.tensor([[1, 2, 4]])) == 2
 
 
+def test_fast_decoder_options_are_checked_and_named(tiny):
+    for bad in ({"compile_mode": "default"}, {"sdpa_backends": ("FLASH_ATTENTION",)}, {"sdpa_backends": ()},
+                {"sdpa_backends": ("MATH", "math")}):
+        with pytest.raises(ValueError, match="compile_mode must be|sdpa_backends must name"):
+            decode.FastDecoder(tiny, max_seq_len=16, **bad)
+    d = decode.FastDecoder(tiny, max_seq_len=16, compile_mode="max-autotune", sdpa_backends="MATH")
+    assert (d.compile_mode, d.sdpa_backends, d.compiled) == ("max-autotune", ("MATH",), False)
+    with pytest.raises(ValueError, match="not both"):
+        decode.fast_path(tiny, _prompt(1, 4), 4, decoder=d, compile_mode="reduce-overhead")
+    path = decode.fast_path(tiny, _prompt(1, 4), 4, compile_mode="max-autotune")
+    assert path.decoder.compile_mode == "max-autotune" and "not compiled" in path.note  # a CPU compiles nothing
+
+
 def test_cache_argument_name_follows_the_installed_transformers(tiny):
     import inspect
 
@@ -248,6 +261,10 @@ def test_compiled_fast_path_on_cuda_matches_eager_and_uses_cuda_graphs():
     fast = decode.warm(decode.fast_path(model, prompt, 16), 16)
     assert fast.compiled
     assert decode.first_mismatch(decode.hf_generate(model, prompt, 16), fast(16)) is None  # fp32: no near-ties
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    # the fused attention kernel that takes a mask, in place of inductor's own: the same tokens
+    fused = decode.warm(decode.fast_path(model, prompt, 16, sdpa_backends=("EFFICIENT_ATTENTION",)), 16)
+    assert decode.first_mismatch(fast(16), fused(16)) is None
     assert counters["inductor"]["cudagraph_skips"] == 0
     g = inference.measure_kv_growth(model, prompt, 8)
     assert g["source"] == "torch.cuda.memory_allocated"

@@ -57,6 +57,10 @@ from torch import nn
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 PATHS = ("eager", "static_compiled", "fast")
+COMPILE_MODES = ("reduce-overhead", "max-autotune")
+# the fused kernels that take an attention mask (flash attention takes none; the decode step
+# needs one: the static cache holds unwritten positions)
+SDPA_BACKENDS = ("MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 
 # -- the hand-written decoder -------------------------------------------------------------------
@@ -124,7 +128,9 @@ class _Layer(nn.Module):
         # KV head into the query length instead of repeating K and V g times
         g = nq // nkv
         qg = q.reshape(b, nkv, g * t, hd)
-        o = F.scaled_dot_product_attention(qg, self.k_cache, self.v_cache, attn_mask=mask.repeat(1, 1, g, 1))
+        # one query row (decode): its mask row broadcasts over the g folded heads, nothing to repeat
+        mask = mask if t == 1 else mask.repeat(1, 1, g, 1)
+        o = F.scaled_dot_product_attention(qg, self.k_cache, self.v_cache, attn_mask=mask)
         o = o.reshape(b, nq, t, hd)  # SDPA's CUDA kernels may return a non-contiguous o
         o = o.transpose(1, 2).reshape(b, t, nq * hd)
         x = x + F.linear(o, self.wo, self.bo)
@@ -156,11 +162,28 @@ class FastDecoder(nn.Module):
     logits, as ``generate(min_new_tokens=n)`` does to the end-of-sequence ids, so both produce
     exactly ``n`` tokens. The cache holds ``max_seq_len`` positions for ``batch`` sequences;
     :meth:`setup_caches` reallocates it for another batch size (a new shape: one recompile).
+
+    Two knobs for measuring the compiled step (``benchmarks/decode_tuning.py``):
+    ``compile_mode`` is passed to ``torch.compile`` (``"reduce-overhead"``: CUDA graphs;
+    ``"max-autotune"``: CUDA graphs and autotuned matmul templates), and ``sdpa_backends``
+    names the ``torch.nn.attention.SDPBackend`` members the decode steps may use: ``MATH``
+    (gpt-fast's choice: inductor writes the attention as its own kernels) or the fused ones
+    that take a mask (``EFFICIENT_ATTENTION``, ``CUDNN_ATTENTION``: one kernel per layer).
     """
 
     def __init__(self, model: Any, batch: int = 1, max_seq_len: int | None = None,
-                 suppress_token_ids: tuple[int, ...] | list[int] = (), compile: bool | None = None):
+                 suppress_token_ids: tuple[int, ...] | list[int] = (), compile: bool | None = None,
+                 compile_mode: str = "reduce-overhead", sdpa_backends: tuple[str, ...] | list[str] = ("MATH",)):
         super().__init__()
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)} (modes that capture CUDA graphs), "
+                             f"got {compile_mode!r}")
+        names = [sdpa_backends] if isinstance(sdpa_backends, str) else list(sdpa_backends)
+        bad = [b for b in names if b not in SDPA_BACKENDS]
+        if not names or bad:
+            raise ValueError(f"sdpa_backends must name one or more of {', '.join(SDPA_BACKENDS)}, got {sdpa_backends!r}")
+        self.compile_mode = compile_mode
+        self.sdpa_backends = tuple(names)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         _check_supported(cfg)
         base = model.model
@@ -188,7 +211,7 @@ class FastDecoder(nn.Module):
             bias[ids] = float("-inf")
         self.register_buffer("logit_bias", bias, persistent=False)
         self.compiled = (self.device.type == "cuda") if compile is None else bool(compile)
-        self._step = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True) if self.compiled else decode_step
+        self._step = torch.compile(decode_step, mode=compile_mode, fullgraph=True) if self.compiled else decode_step
         self.batch = 0
         self.setup_caches(batch)
 
@@ -235,7 +258,8 @@ class FastDecoder(nn.Module):
         out[:, :1] = tok
         pos = pos[-1:] + 1  # on the device: no host-to-device copy, no sync
         # gpt-fast decodes under the math SDPA backend: inductor then generates the attention itself
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        backends = [getattr(torch.nn.attention.SDPBackend, name) for name in self.sdpa_backends]
+        with torch.nn.attention.sdpa_kernel(backends):
             for i in range(1, n):
                 if self.compiled:
                     torch.compiler.cudagraph_mark_step_begin()
@@ -333,15 +357,18 @@ def static_path(model: Any, prompt: Any, compile: bool | None = None) -> DecodeP
 
 
 def fast_path(model: Any, prompt: Any, max_new_tokens: int, compile: bool | None = None,
-              decoder: FastDecoder | None = None) -> DecodePath:
+              decoder: FastDecoder | None = None, **decoder_kw: Any) -> DecodePath:
     """:class:`FastDecoder` over ``model``'s weights; pass ``decoder`` to reuse one (its compiled
-    step and its weights) for another prompt or batch size."""
+    step and its weights) for another prompt or batch size, or ``decoder_kw`` (``compile_mode``,
+    ``sdpa_backends``) to build one another way."""
     if decoder is None:
         need = prompt.shape[1] + max_new_tokens
         decoder = FastDecoder(model, batch=prompt.shape[0], max_seq_len=-(-need // 64) * 64,
-                              suppress_token_ids=eos_ids(model), compile=compile)
+                              suppress_token_ids=eos_ids(model), compile=compile, **decoder_kw)
+    elif decoder_kw:
+        raise ValueError(f"pass either a decoder or options to build one ({', '.join(decoder_kw)}), not both")
     note = "FastDecoder: static cache, fused QKV and gate/up, " + (
-        "torch.compile(mode='reduce-overhead'): one CUDA graph per token" if decoder.compiled else "not compiled")
+        f"torch.compile(mode={decoder.compile_mode!r}): one CUDA graph per token" if decoder.compiled else "not compiled")
     return DecodePath("fast", model, prompt, lambda n: decoder.generate(prompt, n), compiled=decoder.compiled, note=note,
                       decoder=decoder)
 
