@@ -18,6 +18,10 @@ token) is built once per variant over the same random-weight model:
     (memory-efficient attention, cuDNN attention) instead of inductor's bmm, softmax, bmm.
 ``cd_max_autotune``
     coordinate descent under ``mode="max-autotune"`` (autotuned matmul templates, CUDA graphs).
+``cd_matmul`` / ``cd_reduce``
+    coordinate descent, and the decode steps' attention without SDPA, reading the cache in
+    bf16 (``FastDecoder(decode_attention=...)``): SDPA's math backend copies bf16 inputs,
+    the cache included, to fp32 and multiplies them on CUDA cores.
 
 Each is timed as ``utils.inference.measure_decode`` times it (TPOT from 1 and 64 new tokens
 after a 128-token prompt); ``weights_gbs`` is weight bytes read per step x steps per second,
@@ -44,6 +48,8 @@ VARIANTS = {
     "cd_efficient": (True, {"sdpa_backends": ("EFFICIENT_ATTENTION",)}),
     "cd_cudnn": (True, {"sdpa_backends": ("CUDNN_ATTENTION",)}),
     "cd_max_autotune": (True, {"compile_mode": "max-autotune"}),
+    "cd_matmul": (True, {"decode_attention": "matmul"}),
+    "cd_reduce": (True, {"decode_attention": "reduce"}),
 }
 PROMPT_LEN, NEW_TOKENS = 128, 64
 
@@ -115,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         gbs = wbr * m["tokens_per_s"] / 1e9
         res["variants"][name] = {
             "coordinate_descent_tuning": tune, "compile_mode": path.decoder.compile_mode,
-            "sdpa_backends": list(path.decoder.sdpa_backends), "warm_s": path.warmup_s,
+            "sdpa_backends": list(path.decoder.sdpa_backends), "decode_attention": path.decoder.decode_attention,
+            "warm_s": path.warmup_s,
             "tpot_ms": m["tpot_ms"], "tokens_per_s": m["tokens_per_s"], "weights_gbs": gbs,
             "fraction_of_copy": gbs / res["copy_gbs"], "wall_s": time.perf_counter() - t0,
             # bf16 kernels that add in another order can flip a near-tie of random weights
@@ -128,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print(name, json.dumps(res["variants"][name], indent=1), flush=True)
         del path  # its fused weights and CUDA graphs
         torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps(res, indent=1))  # what is done survives a run cut short
     ok = {n: v for n, v in res["variants"].items() if "error" not in v}
     if ok:
         res["fastest"] = min(ok, key=lambda n: ok[n]["tpot_ms"])

@@ -97,6 +97,17 @@ def test_fast_decoder_options_are_checked_and_named(tiny):
         decode.fast_path(tiny, _prompt(1, 4), 4, decoder=d, compile_mode="reduce-overhead")
     path = decode.fast_path(tiny, _prompt(1, 4), 4, compile_mode="max-autotune")
     assert path.decoder.compile_mode == "max-autotune" and "not compiled" in path.note  # a CPU compiles nothing
+    with pytest.raises(ValueError, match="decode_attention must be"):
+        decode.FastDecoder(tiny, max_seq_len=16, decode_attention="flash")
+
+
+@pytest.mark.parametrize("how", ["matmul", "reduce"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decode_attention_without_sdpa_gives_generates_tokens(tiny, how, batch):
+    prompt = _prompt(batch, 11, seed=batch)
+    fast = decode.fast_path(tiny, prompt, 12, decode_attention=how)
+    assert fast.decoder.layers[0].decode_attention == how
+    assert decode.first_mismatch(decode.hf_generate(tiny, prompt, 12), fast(12)) is None
 
 
 def test_cache_argument_name_follows_the_installed_transformers(tiny):
@@ -265,6 +276,9 @@ def test_compiled_fast_path_on_cuda_matches_eager_and_uses_cuda_graphs():
     # the fused attention kernel that takes a mask, in place of inductor's own: the same tokens
     fused = decode.warm(decode.fast_path(model, prompt, 16, sdpa_backends=("EFFICIENT_ATTENTION",)), 16)
     assert decode.first_mismatch(fast(16), fused(16)) is None
+    for how in ("matmul", "reduce"):
+        mine = decode.warm(decode.fast_path(model, prompt, 16, decode_attention=how), 16)
+        assert decode.first_mismatch(fast(16), mine(16)) is None, how
     assert counters["inductor"]["cudagraph_skips"] == 0
     g = inference.measure_kv_growth(model, prompt, 8)
     assert g["source"] == "torch.cuda.memory_allocated"

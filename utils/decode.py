@@ -61,6 +61,27 @@ COMPILE_MODES = ("reduce-overhead", "max-autotune")
 # the fused kernels that take an attention mask (flash attention takes none; the decode step
 # needs one: the static cache holds unwritten positions)
 SDPA_BACKENDS = ("MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+DECODE_ATTENTION = ("sdpa", "matmul", "reduce")
+
+
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    """Attention of one query row per head over the whole static cache, without SDPA.
+
+    ``matmul``: as transformers' eager attention computes it, scores and output as matmuls in
+    the cache's dtype (cuBLAS accumulates in fp32), the softmax in fp32. ``reduce``: the two
+    products written as a multiply and a sum in fp32, which inductor turns into reductions of
+    its own. Either way the cache is read as it is stored: SDPA's math backend (PyTorch 2.5 and
+    later) first copies bf16 and fp16 inputs, the whole cache included, to fp32.
+    """
+    scale = q.shape[-1] ** -0.5
+    if how == "matmul":
+        scores = (torch.matmul(q, k.transpose(-1, -2)) * scale).float()
+    else:
+        scores = (q.float().unsqueeze(-2) * k.float().unsqueeze(-3)).sum(-1) * scale
+    p = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    if how == "matmul":
+        return torch.matmul(p.to(v.dtype), v)
+    return (p.unsqueeze(-1) * v.float().unsqueeze(-3)).sum(-2).to(v.dtype)
 
 
 # -- the hand-written decoder -------------------------------------------------------------------
@@ -110,6 +131,7 @@ class _Layer(nn.Module):
         self.w2, self.b2 = _shared(m.down_proj.weight), _shared(m.down_proj.bias)
         self.register_buffer("k_cache", torch.empty(0), persistent=False)
         self.register_buffer("v_cache", torch.empty(0), persistent=False)
+        self.decode_attention = "sdpa"
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 input_pos: torch.Tensor) -> torch.Tensor:
@@ -128,9 +150,11 @@ class _Layer(nn.Module):
         # KV head into the query length instead of repeating K and V g times
         g = nq // nkv
         qg = q.reshape(b, nkv, g * t, hd)
-        # one query row (decode): its mask row broadcasts over the g folded heads, nothing to repeat
-        mask = mask if t == 1 else mask.repeat(1, 1, g, 1)
-        o = F.scaled_dot_product_attention(qg, self.k_cache, self.v_cache, attn_mask=mask)
+        if t == 1 and self.decode_attention != "sdpa":
+            o = _decode_attention(qg, self.k_cache, self.v_cache, mask, self.decode_attention)
+        else:  # one query row (decode): its mask row broadcasts over the g folded heads, nothing to repeat
+            mask = mask if t == 1 else mask.repeat(1, 1, g, 1)
+            o = F.scaled_dot_product_attention(qg, self.k_cache, self.v_cache, attn_mask=mask)
         o = o.reshape(b, nq, t, hd)  # SDPA's CUDA kernels may return a non-contiguous o
         o = o.transpose(1, 2).reshape(b, t, nq * hd)
         x = x + F.linear(o, self.wo, self.bo)
@@ -169,11 +193,14 @@ class FastDecoder(nn.Module):
     names the ``torch.nn.attention.SDPBackend`` members the decode steps may use: ``MATH``
     (gpt-fast's choice: inductor writes the attention as its own kernels) or the fused ones
     that take a mask (``EFFICIENT_ATTENTION``, ``CUDNN_ATTENTION``: one kernel per layer).
+    ``decode_attention`` replaces SDPA in the single-token steps: ``"matmul"`` or ``"reduce"``
+    (:func:`_decode_attention`); the prefill always uses SDPA.
     """
 
     def __init__(self, model: Any, batch: int = 1, max_seq_len: int | None = None,
                  suppress_token_ids: tuple[int, ...] | list[int] = (), compile: bool | None = None,
-                 compile_mode: str = "reduce-overhead", sdpa_backends: tuple[str, ...] | list[str] = ("MATH",)):
+                 compile_mode: str = "reduce-overhead", sdpa_backends: tuple[str, ...] | list[str] = ("MATH",),
+                 decode_attention: str = "sdpa"):
         super().__init__()
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)} (modes that capture CUDA graphs), "
@@ -182,8 +209,11 @@ class FastDecoder(nn.Module):
         bad = [b for b in names if b not in SDPA_BACKENDS]
         if not names or bad:
             raise ValueError(f"sdpa_backends must name one or more of {', '.join(SDPA_BACKENDS)}, got {sdpa_backends!r}")
+        if decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
         self.compile_mode = compile_mode
         self.sdpa_backends = tuple(names)
+        self.decode_attention = decode_attention
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         _check_supported(cfg)
         base = model.model
@@ -196,6 +226,8 @@ class FastDecoder(nn.Module):
         eps = cfg.rms_norm_eps
         self.embed = _shared(base.embed_tokens.weight)
         self.layers = nn.ModuleList(_Layer(layer, self.n_heads, self.n_kv, self.head_dim, eps) for layer in base.layers)
+        for layer in self.layers:
+            layer.decode_attention = decode_attention
         self.norm, self.eps = _shared(base.norm.weight), eps
         self.lm_head = _shared(model.lm_head.weight)
         with torch.no_grad():  # HF's own rotary module, so any rope scaling it applies is applied here too
