@@ -6,22 +6,23 @@
 token) is built once per variant over the same random-weight model:
 
 ``default``
-    ``torch.compile(mode="reduce-overhead")``, Inductor's defaults, attention under SDPA's math
-    backend (inductor writes it as its own kernels), as gpt-fast's ``generate.py`` has it.
+    ``torch.compile(mode="reduce-overhead")``, Inductor's defaults, and the decode steps'
+    attention under SDPA's math backend (``decode_attention="sdpa"``), as gpt-fast's
+    ``generate.py`` has it; on PyTorch 2.5 and later that backend copies bf16 inputs, the
+    whole cache included, to fp32 and multiplies them on CUDA cores.
 ``coordinate_descent``
     the same with ``torch._inductor.config.coordinate_descent_tuning = True`` (gpt-fast sets
     it). With it, Inductor also rewrites every matrix-vector product (``mm`` with one row)
     as a multiply and a sum that it generates and tunes itself (``torch/_inductor/
     decomposition.py``), so the norm before a projection can fuse into it.
-``cd_efficient`` / ``cd_cudnn``
-    coordinate descent, and the attention as one fused SDPA kernel that takes a mask
-    (memory-efficient attention, cuDNN attention) instead of inductor's bmm, softmax, bmm.
 ``cd_max_autotune``
     coordinate descent under ``mode="max-autotune"`` (autotuned matmul templates, CUDA graphs).
-``cd_matmul`` / ``cd_reduce``
+``cd_reduce`` / ``cd_matmul``
     coordinate descent, and the decode steps' attention without SDPA, reading the cache in
-    bf16 (``FastDecoder(decode_attention=...)``): SDPA's math backend copies bf16 inputs,
-    the cache included, to fp32 and multiplies them on CUDA cores.
+    bf16 (``FastDecoder(decode_attention=...)``): as inductor reductions, or as two small
+    matmuls (``FastDecoder``'s default).
+``matmul``
+    ``FastDecoder``'s defaults alone: Inductor's default config, matmul attention.
 
 Each is timed as ``utils.inference.measure_decode`` times it (TPOT from 1 and 64 new tokens
 after a 128-token prompt); ``weights_gbs`` is weight bytes read per step x steps per second,
@@ -43,13 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # name -> (coordinate_descent_tuning, FastDecoder options)
 VARIANTS = {
-    "default": (False, {}),
-    "coordinate_descent": (True, {}),
-    "cd_efficient": (True, {"sdpa_backends": ("EFFICIENT_ATTENTION",)}),
-    "cd_cudnn": (True, {"sdpa_backends": ("CUDNN_ATTENTION",)}),
-    "cd_max_autotune": (True, {"compile_mode": "max-autotune"}),
-    "cd_matmul": (True, {"decode_attention": "matmul"}),
+    "default": (False, {"decode_attention": "sdpa"}),
+    "coordinate_descent": (True, {"decode_attention": "sdpa"}),
+    "cd_max_autotune": (True, {"decode_attention": "sdpa", "compile_mode": "max-autotune"}),
     "cd_reduce": (True, {"decode_attention": "reduce"}),
+    "cd_matmul": (True, {"decode_attention": "matmul"}),
+    "matmul": (False, {"decode_attention": "matmul"}),
 }
 PROMPT_LEN, NEW_TOKENS = 128, 64
 
@@ -58,9 +58,14 @@ def kernel_profile(path, new_tokens: int, steps: int = 3) -> dict:
     """Kernels per generated token and where the GPU time goes, from a profile of ``steps``
     generations of ``new_tokens`` tokens (each includes one uncompiled prefill)."""
     from utils import profiling
+    from utils.timing import device_sync
+
+    def generation():  # synchronised, so each ProfilerStep holds its own generation's kernels
+        path(new_tokens)
+        device_sync(path.prompt.device)
 
     with tempfile.TemporaryDirectory() as tmp:
-        s = profiling.profile_steps(lambda: path(new_tokens), steps=steps, warmup=1, wait=0, top=15,
+        s = profiling.profile_steps(generation, steps=steps, warmup=1, wait=0, top=15,
                                     trace_path=Path(tmp) / "trace.json")
         events = profiling.load_events(s.trace_path)
     window = profiling.analysis_window(events, profiling.step_windows(events))
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         gbs = wbr * m["tokens_per_s"] / 1e9
         res["variants"][name] = {
             "coordinate_descent_tuning": tune, "compile_mode": path.decoder.compile_mode,
-            "sdpa_backends": list(path.decoder.sdpa_backends), "decode_attention": path.decoder.decode_attention,
+            "decode_attention": path.decoder.decode_attention,
             "warm_s": path.warmup_s,
             "tpot_ms": m["tpot_ms"], "tokens_per_s": m["tokens_per_s"], "weights_gbs": gbs,
             "fraction_of_copy": gbs / res["copy_gbs"], "wall_s": time.perf_counter() - t0,

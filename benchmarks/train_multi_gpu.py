@@ -172,6 +172,10 @@ def _distributed_info(accelerator, wrapped=None) -> dict:
         if isinstance(strat, bool):  # FSDP2: reshard_after_forward, the equivalent of FULL_SHARD / SHARD_GRAD_OP
             strat = "FULL_SHARD" if strat else "SHARD_GRAD_OP"
         info["sharding_strategy"] = getattr(strat, "name", str(strat))
+        # with --bf16 Accelerate gives FSDP bf16 parameters and gradient reductions
+        # (param_dtype/reduce_dtype): fewer casts per step than a 1-GPU autocast run, so compare
+        # FSDP against FSDP on one GPU
+        info["fsdp_mixed_precision"] = str(getattr(plugin, "mixed_precision_policy", None))
     elif accelerator.num_processes == 1:
         info["sharding_strategy"] = "none (one process, no wrapper)"
     elif accelerator.distributed_type.value in ("MULTI_GPU", "MULTI_CPU"):

@@ -87,23 +87,21 @@ def test_fast_decoder_refuses_what_it_cannot_do(tiny):
 
 
 def test_fast_decoder_options_are_checked_and_named(tiny):
-    for bad in ({"compile_mode": "default"}, {"sdpa_backends": ("FLASH_ATTENTION",)}, {"sdpa_backends": ()},
-                {"sdpa_backends": ("MATH", "math")}):
-        with pytest.raises(ValueError, match="compile_mode must be|sdpa_backends must name"):
+    for bad in ({"compile_mode": "default"}, {"decode_attention": "flash"}, {"decode_attention": None}):
+        with pytest.raises(ValueError, match="compile_mode must be|decode_attention must be"):
             decode.FastDecoder(tiny, max_seq_len=16, **bad)
-    d = decode.FastDecoder(tiny, max_seq_len=16, compile_mode="max-autotune", sdpa_backends="MATH")
-    assert (d.compile_mode, d.sdpa_backends, d.compiled) == ("max-autotune", ("MATH",), False)
+    d = decode.FastDecoder(tiny, max_seq_len=16, compile_mode="max-autotune")
+    assert (d.compile_mode, d.decode_attention, d.compiled) == ("max-autotune", "matmul", False)
+    assert all(layer.decode_attention == "matmul" for layer in d.layers)
     with pytest.raises(ValueError, match="not both"):
         decode.fast_path(tiny, _prompt(1, 4), 4, decoder=d, compile_mode="reduce-overhead")
     path = decode.fast_path(tiny, _prompt(1, 4), 4, compile_mode="max-autotune")
     assert path.decoder.compile_mode == "max-autotune" and "not compiled" in path.note  # a CPU compiles nothing
-    with pytest.raises(ValueError, match="decode_attention must be"):
-        decode.FastDecoder(tiny, max_seq_len=16, decode_attention="flash")
 
 
-@pytest.mark.parametrize("how", ["matmul", "reduce"])
+@pytest.mark.parametrize("how", ["reduce", "sdpa"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_decode_attention_without_sdpa_gives_generates_tokens(tiny, how, batch):
+def test_each_decode_attention_gives_generates_tokens(tiny, how, batch):
     prompt = _prompt(batch, 11, seed=batch)
     fast = decode.fast_path(tiny, prompt, 12, decode_attention=how)
     assert fast.decoder.layers[0].decode_attention == how
@@ -259,6 +257,25 @@ def test_benchmark_script_smoke(tmp_path):
     assert "skipped" in res["sections"]["quantization"]  # the budget ran out: later sections say so
 
 
+def test_decode_tuning_script_refuses_without_a_gpu_and_profiles_a_path(tiny, tmp_path, capsys, monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import decode_tuning
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert set(decode_tuning.VARIANTS) >= {"default", "cd_matmul", "matmul"}
+    assert all(set(kw) <= {"decode_attention", "compile_mode"} for _, kw in decode_tuning.VARIANTS.values())
+    with pytest.raises(SystemExit):
+        decode_tuning.main([str(tmp_path / "x.json"), "--variants", "cd_flash"])
+    assert "unknown variant(s) cd_flash" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert decode_tuning.main([str(tmp_path / "x.json")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    prof = decode_tuning.kernel_profile(decode.fast_path(tiny, _prompt(1, 6), 5), 5, steps=2)
+    assert prof["kernels_per_token"] == 0 and prof["wall_ms_per_generation"] > 0  # a CPU runs no kernels
+    assert prof["top_kernels"] and all(k["calls_per_token"] > 0 for k in prof["top_kernels"])  # its ops instead
+
+
 # -- on a GPU (python -m pytest -m gpu) ----------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -273,10 +290,7 @@ def test_compiled_fast_path_on_cuda_matches_eager_and_uses_cuda_graphs():
     assert fast.compiled
     assert decode.first_mismatch(decode.hf_generate(model, prompt, 16), fast(16)) is None  # fp32: no near-ties
     assert counters["inductor"]["cudagraph_skips"] == 0
-    # the fused attention kernel that takes a mask, in place of inductor's own: the same tokens
-    fused = decode.warm(decode.fast_path(model, prompt, 16, sdpa_backends=("EFFICIENT_ATTENTION",)), 16)
-    assert decode.first_mismatch(fast(16), fused(16)) is None
-    for how in ("matmul", "reduce"):
+    for how in ("reduce", "sdpa"):  # fast's is matmul
         mine = decode.warm(decode.fast_path(model, prompt, 16, decode_attention=how), 16)
         assert decode.first_mismatch(fast(16), mine(16)) is None, how
     assert counters["inductor"]["cudagraph_skips"] == 0

@@ -25,7 +25,11 @@ the same model and the same greedy tokens; what differs is how much else a token
     (fewer, larger matrix-vector products), greedy ``argmax`` inside the step, and the whole
     single-token step compiled with ``mode="reduce-overhead"``, so each token is one CUDA
     graph replay: no per-op launches, no host sync until the last token (tokens stay on the
-    GPU), no dynamic shapes. What is left is reading the weights and the cache.
+    GPU), no dynamic shapes. Each step's attention reads the cache in bf16 as two small
+    matmuls (SDPA's math backend, which gpt-fast decodes under, first copies the whole cache
+    to fp32). What is left is reading the weights and the cache. Same H200, with Inductor's
+    coordinate-descent tuning as gpt-fast sets it: 933 tokens/s, 45.4% of copy bandwidth
+    (``benchmarks/decode_tuning.py``, RESULTS.md).
 
 Why a hand-written forward rather than HF's model under ``torch.compile``: compiling HF's
 forward with its static cache under ``mode="reduce-overhead"`` failed on the H200 with
@@ -58,10 +62,7 @@ from torch import nn
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 PATHS = ("eager", "static_compiled", "fast")
 COMPILE_MODES = ("reduce-overhead", "max-autotune")
-# the fused kernels that take an attention mask (flash attention takes none; the decode step
-# needs one: the static cache holds unwritten positions)
-SDPA_BACKENDS = ("MATH", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
-DECODE_ATTENTION = ("sdpa", "matmul", "reduce")
+DECODE_ATTENTION = ("matmul", "reduce", "sdpa")
 
 
 def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
@@ -131,7 +132,7 @@ class _Layer(nn.Module):
         self.w2, self.b2 = _shared(m.down_proj.weight), _shared(m.down_proj.bias)
         self.register_buffer("k_cache", torch.empty(0), persistent=False)
         self.register_buffer("v_cache", torch.empty(0), persistent=False)
-        self.decode_attention = "sdpa"
+        self.decode_attention = "matmul"  # FastDecoder sets its own choice
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 input_pos: torch.Tensor) -> torch.Tensor:
@@ -187,32 +188,27 @@ class FastDecoder(nn.Module):
     exactly ``n`` tokens. The cache holds ``max_seq_len`` positions for ``batch`` sequences;
     :meth:`setup_caches` reallocates it for another batch size (a new shape: one recompile).
 
-    Two knobs for measuring the compiled step (``benchmarks/decode_tuning.py``):
-    ``compile_mode`` is passed to ``torch.compile`` (``"reduce-overhead"``: CUDA graphs;
-    ``"max-autotune"``: CUDA graphs and autotuned matmul templates), and ``sdpa_backends``
-    names the ``torch.nn.attention.SDPBackend`` members the decode steps may use: ``MATH``
-    (gpt-fast's choice: inductor writes the attention as its own kernels) or the fused ones
-    that take a mask (``EFFICIENT_ATTENTION``, ``CUDNN_ATTENTION``: one kernel per layer).
-    ``decode_attention`` replaces SDPA in the single-token steps: ``"matmul"`` or ``"reduce"``
-    (:func:`_decode_attention`); the prefill always uses SDPA.
+    Two knobs, measured side by side by ``benchmarks/decode_tuning.py`` (RESULTS.md, phase 3):
+    ``decode_attention`` is how the single-token steps attend over the cache (the prefill always
+    uses SDPA): ``"matmul"`` (the default, :func:`_decode_attention`), ``"reduce"`` (the same
+    products as inductor reductions) or ``"sdpa"`` (``scaled_dot_product_attention`` under its
+    math backend, as gpt-fast's ``generate.py`` decodes, which on PyTorch 2.5 and later copies
+    the bf16 cache to fp32 every step). On one H200 with coordinate-descent tuning: 1.07, 1.26
+    and 1.40 ms per token. ``compile_mode`` is passed to ``torch.compile``:
+    ``"reduce-overhead"`` (CUDA graphs) or ``"max-autotune"`` (CUDA graphs and autotuned matmul
+    templates; 1.45 ms against 1.35 under ``"reduce-overhead"`` in the same H200 run).
     """
 
     def __init__(self, model: Any, batch: int = 1, max_seq_len: int | None = None,
                  suppress_token_ids: tuple[int, ...] | list[int] = (), compile: bool | None = None,
-                 compile_mode: str = "reduce-overhead", sdpa_backends: tuple[str, ...] | list[str] = ("MATH",),
-                 decode_attention: str = "sdpa"):
+                 compile_mode: str = "reduce-overhead", decode_attention: str = "matmul"):
         super().__init__()
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)} (modes that capture CUDA graphs), "
                              f"got {compile_mode!r}")
-        names = [sdpa_backends] if isinstance(sdpa_backends, str) else list(sdpa_backends)
-        bad = [b for b in names if b not in SDPA_BACKENDS]
-        if not names or bad:
-            raise ValueError(f"sdpa_backends must name one or more of {', '.join(SDPA_BACKENDS)}, got {sdpa_backends!r}")
         if decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION)}, got {decode_attention!r}")
         self.compile_mode = compile_mode
-        self.sdpa_backends = tuple(names)
         self.decode_attention = decode_attention
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         _check_supported(cfg)
@@ -289,9 +285,9 @@ class FastDecoder(nn.Module):
         tok = self(prompt, pos).argmax(dim=-1, keepdim=True)  # prefill: uncompiled, any length
         out[:, :1] = tok
         pos = pos[-1:] + 1  # on the device: no host-to-device copy, no sync
-        # gpt-fast decodes under the math SDPA backend: inductor then generates the attention itself
-        backends = [getattr(torch.nn.attention.SDPBackend, name) for name in self.sdpa_backends]
-        with torch.nn.attention.sdpa_kernel(backends):
+        # decode_attention="sdpa" decodes as gpt-fast does, under SDPA's math backend (inductor then
+        # writes the attention itself); "matmul" and "reduce" call no SDPA in these steps
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
             for i in range(1, n):
                 if self.compiled:
                     torch.compiler.cudagraph_mark_step_begin()
@@ -392,7 +388,7 @@ def fast_path(model: Any, prompt: Any, max_new_tokens: int, compile: bool | None
               decoder: FastDecoder | None = None, **decoder_kw: Any) -> DecodePath:
     """:class:`FastDecoder` over ``model``'s weights; pass ``decoder`` to reuse one (its compiled
     step and its weights) for another prompt or batch size, or ``decoder_kw`` (``compile_mode``,
-    ``sdpa_backends``) to build one another way."""
+    ``decode_attention``) to build one another way."""
     if decoder is None:
         need = prompt.shape[1] + max_new_tokens
         decoder = FastDecoder(model, batch=prompt.shape[0], max_seq_len=-(-need // 64) * 64,
