@@ -1,6 +1,6 @@
 """Phase 4 on one GPU: a served 1.1B Llama-shaped model under load, bf16 against bitsandbytes 4-bit and 8-bit.
 
-    python benchmarks/phase4_serving.py --out FILE.json             # on a GPU (estimate: under 5 minutes on an H200)
+    python benchmarks/phase4_serving.py --out FILE.json             # on a GPU (250 s on an H200 with --budget-s 400)
     python benchmarks/phase4_serving.py --out FILE.json --smoke     # on a CPU: llama-tiny, plumbing only
 
 The engine is ``transformers serve`` (``utils.serve``): the lab's sizes for this device
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
     ap.add_argument("--max-duration-s", type=float, default=None, help="cap per load run (default: the lab's)")
     ap.add_argument("--other-cap-s", type=float, default=30.0, help="cap per load run of the other configurations")
-    ap.add_argument("--budget-s", type=float, default=200.0, help="start no configuration after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="start no configuration after this many seconds")
     a = ap.parse_args(argv)
     t_start = time.perf_counter()
 
