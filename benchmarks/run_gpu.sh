@@ -35,6 +35,8 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_${n}gpu.json" --bf16 --compile --measure-comm --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_bf16hook_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --comm-hook bf16 --baseline "$out/p2_ddp_1gpu.json"
+      # one compiled graph, all-reduce after the backward: no DDPOptimizer graph breaks, no overlap
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_noopt_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --ddp-optimizer no_optimization --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/fsdp2_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp2_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
       # eager FSDP against eager FSDP on one GPU: with --bf16 FSDP computes on bf16 parameter copies, so a

@@ -32,6 +32,10 @@ every micro-batch all-reduces: the accumulation mistake issue 5 asks to measure.
 
 ``--bucket-mb``, ``--bucket-view`` and ``--comm-hook bf16`` are DDP's overlap and traffic knobs
 (``DistributedDataParallelKwargs``); the hook halves the bytes each step all-reduces.
+``--ddp-optimizer`` sets ``torch._dynamo.config.optimize_ddp`` for a ``--compile`` run:
+``ddp_optimizer`` (PyTorch's default) splits the compiled graph at DDP's bucket boundaries so
+each bucket's all-reduce can start during the backward; ``no_optimization`` compiles one graph
+and all-reduces after its backward (no overlap, no graph breaks).
 
 The NCCL/NVSHMEM multicast variables are set (``setdefault``) before torch is imported:
 NVLink multicast can take a shared host's GPUs out of service (shared/REFERENCE.md).
@@ -59,6 +63,7 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROG = "train_multi_gpu.py"
+DDP_OPTIMIZERS = ("ddp_optimizer", "no_optimization")  # torch._dynamo.config.optimize_ddp values
 ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_")
 
 
@@ -80,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bucket-view", action="store_true", help="DDP gradient_as_bucket_view=True (no grad copy)")
     p.add_argument("--comm-hook", choices=("none", "bf16"), default="none",
                    help="DDP communication hook: bf16 all-reduces gradients as bf16 (half the bytes of fp32)")
+    p.add_argument("--ddp-optimizer", choices=DDP_OPTIMIZERS, default="ddp_optimizer",
+                   help="torch._dynamo.config.optimize_ddp under --compile (default: PyTorch's, ddp_optimizer)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--no-sync-accum", action="store_true", help="all-reduce on every micro-batch")
     p.add_argument("--measure-comm", action="store_true", help="also time steps without gradient sync (DDP)")
@@ -114,6 +121,8 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError(f"the folder of --out ({args.out.parent}) does not exist; create it first")
     if args.preset not in MODEL_PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    if args.ddp_optimizer != "ddp_optimizer" and not args.compile:
+        raise UsageError(f"--ddp-optimizer {args.ddp_optimizer} only changes how torch.compile splits the graph; add --compile")
     for name, low in (("batch_per_device", 1), ("seq", 1), ("steps", 1), ("warmup", 0), ("grad_accum", 1),
                       ("bucket_mb", 1)):
         if getattr(args, name) < low:
@@ -226,6 +235,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
     dist = _distributed_info(accelerator, wrapped)
     if args.compile:
+        torch._dynamo.config.optimize_ddp = args.ddp_optimizer
         model = torch.compile(model)
     batches = _batches(args, rank, world, cfg.vocab_size, device)
     tokens_per_step = args.batch_per_device * args.seq * args.grad_accum
@@ -285,7 +295,9 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         "config": {"preset": args.preset, "batch_per_device": args.batch_per_device, "seq": args.seq,
                    "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "bf16": args.bf16,
                    "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum,
-                   "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view, "comm_hook": args.comm_hook},
+                   "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view, "comm_hook": args.comm_hook,
+                   "ddp_optimizer": args.ddp_optimizer},
+        "dynamo_optimize_ddp": torch._dynamo.config.optimize_ddp if args.compile else None,
         "tokens_per_step_per_device": tokens_per_step,
         "per_rank": ranks,
         "tokens_per_s_per_device": per_device,

@@ -11,6 +11,7 @@ from utils import scaling
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s3"
+RECORDED_S4 = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s4"
 chart = load_script(ROOT / "benchmarks" / "scaling_chart.py")
 
 
@@ -44,10 +45,11 @@ def test_curves_group_runs_and_start_at_the_one_gpu_run(tmp_path):
               fully_shard=dict(train(2, 85.0, strategy="FULL_SHARD", dist="FSDP"), fsdp_version=2),
               p2p=train(2, 93.0, env={"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": None}),
               big=train(2, 99.0, bucket_mb=200, bucket_view=True, comm_hook="bf16"),
+              noopt=train(2, 97.0, compile_=True, ddp_optimizer="no_optimization"),
               notes={"something": "else"})  # other JSONs are skipped
     c = by_label(scaling.training_curves([d]))
     assert set(c) == {"eager DDP", "eager FSDP FULL_SHARD", "eager FSDP2 FULL_SHARD", "eager DDP, NCCL_P2P_DISABLE=1",
-                      "eager DDP, 200 MB buckets, bucket views, bf16 hook"}
+                      "eager DDP, 200 MB buckets, bucket views, bf16 hook", "compiled DDP, optimize_ddp=no_optimization"}
     assert c["eager DDP"].per_device == {1: 100.0, 2: 98.0, 4: 90.0}
     assert c["eager DDP"].efficiency() == {1: 1.0, 2: 0.98, 4: 0.9}
     assert c["eager DDP"].exposed_comm == {2: 0.02, 4: 0.06}
@@ -71,10 +73,11 @@ def test_look_alike_runs_are_both_kept(tmp_path):
     assert sorted(c.per_device[2] for c in scaling.training_curves([d])) == [50.0, 55.0]
 
 
-def test_shipped_h200_runs_agree_with_their_own_efficiency():
-    """The recorded 2 x H200 study: efficiency recomputed here equals what train_multi_gpu.py wrote."""
-    curves = scaling.training_curves([RECORDED])
-    assert curves and all(c.source == RECORDED.name for c in curves)
+@pytest.mark.parametrize("study", [RECORDED, RECORDED_S4], ids=lambda p: p.name)
+def test_shipped_h200_runs_agree_with_their_own_efficiency(study):
+    """The recorded 2 x H200 studies: efficiency recomputed here equals what train_multi_gpu.py wrote."""
+    curves = scaling.training_curves([study])
+    assert curves and all(c.source == study.name for c in curves)
     for c in curves:
         for n, f in c.files.items():
             if n > 1:

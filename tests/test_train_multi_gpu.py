@@ -78,6 +78,8 @@ def test_ddp_record_fields(ddp_run):
     assert r["flops_per_token"] > 0
     # per-device efficiency against the (made-up) 1000 tokens/s baseline
     assert r["scaling_efficiency"] == pytest.approx(r["tokens_per_s_per_device"] / 1000.0)
+    # not compiled: the DDP-optimizer setting is recorded and the Dynamo config was not touched
+    assert r["config"]["ddp_optimizer"] == "ddp_optimizer" and r["dynamo_optimize_ddp"] is None
 
 
 @pytest.mark.parametrize("name, strategy", [("fsdp_full_shard.yaml", "FULL_SHARD"),
@@ -145,6 +147,11 @@ def test_bad_preset(capsys, tmp_path):
                                            (["--grad-accum", "0"], "--grad-accum must be >= 1")])
 def test_bad_counts(capsys, tmp_path, extra, needle):
     _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "x.json"), *extra]), needle)
+
+
+def test_ddp_optimizer_needs_compile(capsys, tmp_path):
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--ddp-optimizer", "no_optimization"])
+    _one_line_error(capsys, rc, "--ddp-optimizer no_optimization only changes how torch.compile splits the graph")
 
 
 def test_missing_out_folder(capsys, tmp_path):
