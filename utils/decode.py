@@ -27,7 +27,7 @@ the same model and the same greedy tokens; what differs is how much else a token
     graph replay: no per-op launches, no host sync until the last token (tokens stay on the
     GPU), no dynamic shapes. Each step's attention reads the cache in bf16 as two small
     matmuls (SDPA's math backend, which gpt-fast decodes under, first copies the whole cache
-    to fp32). What is left is reading the weights and the cache. Same H200, with Inductor's
+    to fp32). What is left is reading the weights and the cache. On one H200, with Inductor's
     coordinate-descent tuning as gpt-fast sets it: 933 tokens/s, 45.4% of copy bandwidth
     (``benchmarks/decode_tuning.py``, RESULTS.md).
 
@@ -71,8 +71,9 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     ``matmul``: as transformers' eager attention computes it, scores and output as matmuls in
     the cache's dtype (cuBLAS accumulates in fp32), the softmax in fp32. ``reduce``: the two
     products written as a multiply and a sum in fp32, which inductor turns into reductions of
-    its own. Either way the cache is read as it is stored: SDPA's math backend (PyTorch 2.5 and
-    later) first copies bf16 and fp16 inputs, the whole cache included, to fp32.
+    its own, the casts fused into them. Compiled, neither makes an fp32 copy of the cache, which
+    SDPA's math backend (PyTorch 2.5 and later) does: it first copies bf16 and fp16 inputs, the
+    whole cache included, to fp32.
     """
     scale = q.shape[-1] ** -0.5
     if how == "matmul":
@@ -118,7 +119,8 @@ class _Layer(nn.Module):
     """One decoder layer: fused QKV, rotary, static-cache attention (GQA without copying K and V
     per query head), output projection, fused gate/up SwiGLU MLP."""
 
-    def __init__(self, hf_layer: Any, n_heads: int, n_kv: int, head_dim: int, eps: float):
+    def __init__(self, hf_layer: Any, n_heads: int, n_kv: int, head_dim: int, eps: float,
+                 decode_attention: str = "matmul"):
         super().__init__()
         a, m = hf_layer.self_attn, hf_layer.mlp
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, eps
@@ -132,7 +134,7 @@ class _Layer(nn.Module):
         self.w2, self.b2 = _shared(m.down_proj.weight), _shared(m.down_proj.bias)
         self.register_buffer("k_cache", torch.empty(0), persistent=False)
         self.register_buffer("v_cache", torch.empty(0), persistent=False)
-        self.decode_attention = "matmul"  # FastDecoder sets its own choice
+        self.decode_attention = decode_attention
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                 input_pos: torch.Tensor) -> torch.Tensor:
@@ -221,9 +223,8 @@ class FastDecoder(nn.Module):
         self.max_seq_len = int(max_seq_len or cfg.max_position_embeddings)
         eps = cfg.rms_norm_eps
         self.embed = _shared(base.embed_tokens.weight)
-        self.layers = nn.ModuleList(_Layer(layer, self.n_heads, self.n_kv, self.head_dim, eps) for layer in base.layers)
-        for layer in self.layers:
-            layer.decode_attention = decode_attention
+        self.layers = nn.ModuleList(_Layer(layer, self.n_heads, self.n_kv, self.head_dim, eps, decode_attention)
+                                    for layer in base.layers)
         self.norm, self.eps = _shared(base.norm.weight), eps
         self.lm_head = _shared(model.lm_head.weight)
         with torch.no_grad():  # HF's own rotary module, so any rope scaling it applies is applied here too
