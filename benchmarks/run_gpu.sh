@@ -37,8 +37,15 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_bf16hook_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --comm-hook bf16 --baseline "$out/p2_ddp_1gpu.json"
       # one compiled graph, all-reduce after the backward: no DDPOptimizer graph breaks, no overlap
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_noopt_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --ddp-optimizer no_optimization --baseline "$out/p2_ddp_1gpu.json"
-      run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
-      run accelerate launch --config_file $cfg/fsdp2_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp2_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json"
+      # Compiled Autograd traces the all-reduces into the compiled backward (no graph breaks, overlap kept)
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_${n}gpu.json" --bf16 --compile --measure-comm --ddp-optimizer python_reducer --baseline "$out/p2_ddp_1gpu.json"
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --baseline "$out/p2_ddp_1gpu.json"
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_pyred_1gpu.json" --bf16 --compile --ddp-optimizer python_reducer
+      # compiled FSDP against compiled FSDP on one GPU (bf16 weights under Accelerate's policy, see below)
+      for v in fsdp fsdp2; do
+        run accelerate launch --config_file $cfg/${v}_full_shard.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_${v}_1gpu.json" --bf16 --compile
+        run accelerate launch --config_file $cfg/${v}_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_${v}_${n}gpu.json" --bf16 --compile --baseline "$out/p2_${v}_1gpu.json"
+      done
       # eager FSDP against eager FSDP on one GPU: with --bf16 FSDP computes on bf16 parameter copies, so a
       # 1-GPU autocast run (more casts per step) is not its like (FSDP2 scored 110% against one, RESULTS.md)
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_eager_1gpu.json" --bf16
@@ -46,7 +53,7 @@ torch.cuda.synchronize()" & load=$!
         run accelerate launch --config_file $cfg/${v}_full_shard.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_${v}_eager_1gpu.json" --bf16
         run accelerate launch --config_file $cfg/${v}_full_shard.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_${v}_eager_${n}gpu.json" --bf16 --baseline "$out/p2_${v}_eager_1gpu.json"
       done
-      run accelerate launch --config_file $cfg/fsdp_shard_grad_op.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_sgo_${n}gpu.json" --bf16 --compile --baseline "$out/p2_ddp_1gpu.json" ;;
+      run accelerate launch --config_file $cfg/fsdp_shard_grad_op.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_fsdp_sgo_${n}gpu.json" --bf16 --compile --baseline "$out/p2_fsdp_1gpu.json" ;;
     breaks) # where scaling breaks, eager bf16 (each against a 1-GPU run of the same shape)
       n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate; t=benchmarks/train_multi_gpu.py
       al() { np=$1; shift; run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$np" $t --bf16 "$@"; }

@@ -35,7 +35,14 @@ every micro-batch all-reduces: the accumulation mistake issue 5 asks to measure.
 ``--ddp-optimizer`` sets ``torch._dynamo.config.optimize_ddp`` for a ``--compile`` run:
 ``ddp_optimizer`` (PyTorch's default) splits the compiled graph at DDP's bucket boundaries so
 each bucket's all-reduce can start during the backward; ``no_optimization`` compiles one graph
-and all-reduces after its backward (no overlap, no graph breaks).
+and all-reduces after its backward (no overlap, no graph breaks); ``python_reducer`` replaces
+DDP's C++ reducer by per-parameter hooks that Compiled Autograd traces into the compiled
+backward, where Inductor buckets the all-reduces (``bucket_cap_mb``) and schedules them among
+the backward's kernels, again without graph breaks (PyTorch marks it experimental; see the
+``optimize_ddp`` comment in ``torch/_dynamo/config.py``). Under it the script compiles forward
+and backward together (``torch._dynamo.config.compiled_autograd``, which traces backward calls
+made inside a compiled function) and refuses ``--comm-hook``: the Python reducer calls its
+hooks with another signature than DDP's (``DistributedDataParallel._register_accum_grad_hook``).
 
 The NCCL/NVSHMEM multicast variables are set (``setdefault``) before torch is imported:
 NVLink multicast can take a shared host's GPUs out of service (shared/REFERENCE.md).
@@ -63,7 +70,7 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROG = "train_multi_gpu.py"
-DDP_OPTIMIZERS = ("ddp_optimizer", "no_optimization")  # torch._dynamo.config.optimize_ddp values
+DDP_OPTIMIZERS = ("ddp_optimizer", "no_optimization", "python_reducer")  # torch._dynamo.config.optimize_ddp values
 ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_")
 
 
@@ -123,6 +130,8 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
     if args.ddp_optimizer != "ddp_optimizer" and not args.compile:
         raise UsageError(f"--ddp-optimizer {args.ddp_optimizer} only changes how torch.compile splits the graph; add --compile")
+    if args.ddp_optimizer == "python_reducer" and args.comm_hook != "none":
+        raise UsageError("--ddp-optimizer python_reducer calls communication hooks with its own signature; drop --comm-hook")
     for name, low in (("batch_per_device", 1), ("seq", 1), ("steps", 1), ("warmup", 0), ("grad_accum", 1),
                       ("bucket_mb", 1)):
         if getattr(args, name) < low:
@@ -197,6 +206,23 @@ def _distributed_info(accelerator, wrapped=None) -> dict:
     return info
 
 
+def replicas_identical(checksums: list[float], rel_tol: float = 1e-9) -> bool:
+    """DDP's promise after synchronised steps: every rank holds the same weights. ``checksums``
+    are each rank's sum of all parameters (float64); ranks that trained on their own shards
+    without the all-reduce drift apart at the first step."""
+    return max(checksums) - min(checksums) <= rel_tol * max(1.0, abs(checksums[0]))
+
+
+def _dynamo_counters() -> dict:
+    """Rank 0's torch.compile tallies: Dynamo graphs and graph breaks, and how many backward
+    graphs Compiled Autograd captured (0 unless ``--ddp-optimizer python_reducer``)."""
+    from torch._dynamo.utils import counters
+
+    return {"unique_graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "compiled_autograd_captures": int(counters["compiled_autograd"]["captures"])}
+
+
 def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     """The timed loop on this rank; rank 0 returns the gathered result (others None)."""
     import torch
@@ -231,14 +257,24 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     cfg = model.config
     cfg.use_cache = False  # training: no KV cache (building one costs memory and recompiles under torch.compile)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=on_cuda)
+    python_reducer = args.compile and args.ddp_optimizer == "python_reducer"
+    if args.compile:  # before prepare: DDP reads the mode when it is constructed (python_reducer)
+        torch._dynamo.config.optimize_ddp = args.ddp_optimizer
+        torch._dynamo.config.compiled_autograd = python_reducer
     model, opt = accelerator.prepare(model, opt)
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
     dist = _distributed_info(accelerator, wrapped)
-    if args.compile:
-        torch._dynamo.config.optimize_ddp = args.ddp_optimizer
+    if args.compile and not python_reducer:
         model = torch.compile(model)
     batches = _batches(args, rank, world, cfg.vocab_size, device)
     tokens_per_step = args.batch_per_device * args.seq * args.grad_accum
+
+    def forward_backward(x, y) -> None:
+        loss = model(input_ids=x, labels=y).loss / args.grad_accum
+        accelerator.backward(loss)  # bf16 or fp32: no loss scaler, so this is loss.backward()
+
+    if python_reducer:  # Compiled Autograd traces the backward called inside this compiled function
+        forward_backward = torch.compile(forward_backward)
 
     def step(i: int, sync: bool) -> None:
         for m in range(args.grad_accum):
@@ -246,8 +282,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
             last = m == args.grad_accum - 1
             skip = not sync or (not last and not args.no_sync_accum)
             with accelerator.no_sync(wrapped) if skip else contextlib.nullcontext():
-                loss = model(input_ids=x, labels=y).loss / args.grad_accum
-                accelerator.backward(loss)
+                forward_backward(x, y)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -268,6 +303,9 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
             "total_s": s["total_s"], "step_times_ms": s["step_times_ms"],
             "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if on_cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if on_cuda else None}
+    if dist["sharding_strategy"] == "DDP (replicated)":  # every replica must hold the same weights after synced steps
+        with torch.no_grad():
+            mine["param_checksum"] = float(sum(p.double().sum() for p in wrapped.parameters()))
     if args.measure_comm:
         n = timed(sync=False)
         mine["nosync_median_ms"] = n["median_ms"]
@@ -298,6 +336,8 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
                    "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view, "comm_hook": args.comm_hook,
                    "ddp_optimizer": args.ddp_optimizer},
         "dynamo_optimize_ddp": torch._dynamo.config.optimize_ddp if args.compile else None,
+        "compiled_autograd": bool(torch._dynamo.config.compiled_autograd),
+        "dynamo_counters": _dynamo_counters() if args.compile else None,
         "tokens_per_step_per_device": tokens_per_step,
         "per_rank": ranks,
         "tokens_per_s_per_device": per_device,
@@ -312,6 +352,9 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         "torch": torch.__version__, "fingerprint": fingerprint(0), "utils_sha256": utils_hash(),
     }
+    sums = [r.get("param_checksum") for r in ranks]
+    if None not in sums:  # DDP only (FSDP ranks hold different shards)
+        res["replicas_identical"] = replicas_identical(sums)
     if args.measure_comm:
         res["exposed_comm_share"] = max(r["exposed_comm_share"] for r in ranks)
         res["exposed_comm_note"] = "1 - t_nosync/t_sync (median step, worst rank): exposed, not total, communication"
@@ -334,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         baseline = validate(args)
         if _fsdp_on_cpu():
             raise UsageError("FSDP needs CUDA GPUs here (NCCL); on a CPU run the DDP config or no config")
+        if args.ddp_optimizer == "python_reducer" and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+            raise UsageError("--ddp-optimizer python_reducer is a DDP mode; launch with the DDP config, not an FSDP one")
         if args.comm_hook == "bf16" and _cpu_run():
             raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
         res = run(args, baseline)
@@ -344,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(res, indent=1, default=str))
         keep = ("world_size", "distributed_type", "sharding_strategy", "tokens_per_s_per_device", "total_tokens_per_s",
                 "slowest_rank_tokens_per_s", "mfu_per_device", "peak_allocated_gib_per_rank", "exposed_comm_share",
-                "scaling_efficiency")
+                "scaling_efficiency", "replicas_identical")
         print(json.dumps({k: res[k] for k in keep if k in res}))
     return 0
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -64,6 +65,15 @@ def test_ddp_two_cpu_processes(ddp_run):
     assert r["exposed_comm_share"] == max(x["exposed_comm_share"] for x in r["per_rank"])
     # read back from DDP itself: the options reached the wrapper
     assert r["ddp"] == {"bucket_cap_mb": 1.0, "comm_hook": "none", "gradient_as_bucket_view": True}
+    # the all-reduce really ran: both replicas hold the same weights after the synced steps
+    assert r["replicas_identical"] is True
+    assert r["per_rank"][0]["param_checksum"] == r["per_rank"][1]["param_checksum"] != 0.0
+
+
+def test_replica_check_catches_drift():
+    assert tmg.replicas_identical([608.4883984728442, 608.4883984728442])
+    assert not tmg.replicas_identical([608.4883984728442, 608.4884])  # one rank skipped an all-reduce
+    assert tmg.replicas_identical([1e12, 1e12 + 100.0])  # within float64 summation noise at that size
 
 
 def test_ddp_record_fields(ddp_run):
@@ -152,6 +162,39 @@ def test_bad_counts(capsys, tmp_path, extra, needle):
 def test_ddp_optimizer_needs_compile(capsys, tmp_path):
     rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--ddp-optimizer", "no_optimization"])
     _one_line_error(capsys, rc, "--ddp-optimizer no_optimization only changes how torch.compile splits the graph")
+
+
+def test_python_reducer_refuses_comm_hook(capsys, tmp_path):
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile",
+                   "--ddp-optimizer", "python_reducer", "--comm-hook", "bf16"])
+    _one_line_error(capsys, rc, "drop --comm-hook")
+
+
+def test_python_reducer_refuses_fsdp(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "false")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # as on a GPU machine: the mode check comes first
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile", "--ddp-optimizer", "python_reducer"])
+    _one_line_error(capsys, rc, "python_reducer is a DDP mode")
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="torch.compile on a CPU needs a C++ compiler")
+def test_python_reducer_compiled_on_two_cpu_processes(tmp_path):
+    """The Compiled Autograd path the 2-GPU run takes, on gloo: the backward is captured, the
+    all-reduces it traced keep the replicas identical, and the mode is recorded."""
+    out = tmp_path / "pyred.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    cmd = [*LAUNCH, "--config_file", str(CONFIGS / "ddp.yaml"), "--num_processes", "2",
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
+           str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
+           "--steps", "2", "--warmup", "1", "--compile", "--ddp-optimizer", "python_reducer"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["dynamo_optimize_ddp"] == "python_reducer" and r["compiled_autograd"] is True
+    assert r["dynamo_counters"]["compiled_autograd_captures"] >= 1
+    assert r["replicas_identical"] is True
 
 
 def test_missing_out_folder(capsys, tmp_path):
