@@ -31,7 +31,7 @@ from utils.distributed import LINK_PEAKS, allreduce_benchmark, link_peak, parse_
 GPU_SIZES = "1MiB,16MiB,256MiB,1GiB"
 SMOKE_SIZES = "4KiB,64KiB,1MiB"
 ENV_VARS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "NCCL_P2P_DISABLE",
-            "NCCL_ALGO", "NCCL_PROTO", "CUDA_VISIBLE_DEVICES")
+            "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "CUDA_VISIBLE_DEVICES")
 
 
 def _nvlink_active_links(device_index: int) -> int | None:

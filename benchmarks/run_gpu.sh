@@ -37,6 +37,11 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_bf16hook_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --comm-hook bf16 --baseline "$out/p2_ddp_1gpu.json"
       # one compiled graph, all-reduce after the backward: no DDPOptimizer graph breaks, no overlap
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_noopt_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --ddp-optimizer no_optimization --baseline "$out/p2_ddp_1gpu.json"
+      # fewer NCCL CTAs (SMs) for the overlapped all-reduce: less contention with the backward's kernels
+      for c in 4 8 16; do
+        NCCL_MAX_CTAS=$c run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_ctas${c}_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
+        NCCL_MAX_CTAS=$c run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce_ctas${c}.json"
+      done
       # Compiled Autograd traces the all-reduces into the compiled backward (no graph breaks, overlap kept)
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_${n}gpu.json" --bf16 --compile --measure-comm --ddp-optimizer python_reducer --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --baseline "$out/p2_ddp_1gpu.json"

@@ -350,7 +350,9 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         "mfu_per_device": mfu_from_throughput(per_device, fpt, peak) if peak else None,
         "mfu_note": None if peak else "no datasheet peak for this device (CPU or unknown GPU)",
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
-        "torch": torch.__version__, "fingerprint": fingerprint(0), "utils_sha256": utils_hash(),
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if on_cuda else None,
+        "fingerprint": fingerprint(0), "utils_sha256": utils_hash(),
     }
     sums = [r.get("param_checksum") for r in ranks]
     if None not in sums:  # DDP only (FSDP ranks hold different shards)
