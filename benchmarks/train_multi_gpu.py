@@ -44,6 +44,11 @@ and backward together (``torch._dynamo.config.compiled_autograd``, which traces 
 made inside a compiled function) and refuses ``--comm-hook``: the Python reducer calls its
 hooks with another signature than DDP's (``DistributedDataParallel._register_accum_grad_hook``).
 
+``--profile DIR`` profiles five more synchronised steps on every rank after the timed ones
+(``utils.profiling.profile_steps``; traces ``DIR/trace_rankR.json``) and records, per rank, the
+GPU's idle share and ``utils.profiling.comm_overlap``: the all-reduce's kernel time per step,
+how much of it ran next to compute kernels and how much the GPU spent on it alone.
+
 The NCCL/NVSHMEM multicast variables are set (``setdefault``) before torch is imported:
 NVLink multicast can take a shared host's GPUs out of service (shared/REFERENCE.md).
 FSDP on a CPU is refused with one line: Accelerate 1.15 switches to FSDP only for GPU-like
@@ -98,6 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-sync-accum", action="store_true", help="all-reduce on every micro-batch")
     p.add_argument("--measure-comm", action="store_true", help="also time steps without gradient sync (DDP)")
     p.add_argument("--baseline", type=Path, help="a 1-GPU result of this script: adds scaling efficiency")
+    p.add_argument("--profile", type=Path, metavar="DIR",
+                   help="after the timed steps, profile 5 more on every rank (traces in DIR): GPU idle, comm overlap")
     p.add_argument("--check-config", type=Path, metavar="YAML",
                    help="parse an Accelerate config file, print its distributed type, exit")
     return p.parse_args(argv)
@@ -126,6 +133,11 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError("--out FILE.json is required")
     if not args.out.parent.is_dir():
         raise UsageError(f"the folder of --out ({args.out.parent}) does not exist; create it first")
+    if args.profile is not None:
+        try:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create --profile folder {args.profile}: {exc}") from None
     if args.preset not in MODEL_PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
     if args.ddp_optimizer != "ddp_optimizer" and not args.compile:
@@ -204,6 +216,19 @@ def _distributed_info(accelerator, wrapped=None) -> dict:
             info["ddp"] = {"bucket_cap_mb": d.get("bucket_cap_bytes", 0) / 2**20, "comm_hook": d.get("comm_hook") or "none",
                            "gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view"))}
     return info
+
+
+def _profile(trace: Path, step_fn) -> dict:
+    """Five synchronised steps under ``utils.profiling.profile_steps`` (after 1 skipped and 2
+    discarded); the Chrome trace stays at ``trace``. Returns the GPU-idle numbers and
+    ``utils.profiling.comm_overlap``: how much of the all-reduce ran next to compute."""
+    from utils.profiling import comm_overlap, load_events, profile_steps
+
+    counter = iter(range(10**9))
+    s = profile_steps(lambda: step_fn(next(counter)), steps=5, trace_path=trace)
+    return {"trace": str(trace), "step_time_ms": s.step_time_ms, "gpu_idle_fraction": s.gpu_idle_fraction,
+            "gpu_busy_ms_per_step": s.gpu_busy_ms_per_step, "diagnosis": s.diagnosis,
+            "comm": comm_overlap(load_events(trace))}
 
 
 def replicas_identical(checksums: list[float], rel_tol: float = 1e-9) -> bool:
@@ -306,6 +331,8 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     if dist["sharding_strategy"] == "DDP (replicated)":  # every replica must hold the same weights after synced steps
         with torch.no_grad():
             mine["param_checksum"] = float(sum(p.double().sum() for p in wrapped.parameters()))
+    if args.profile is not None:
+        mine["profile"] = _profile(args.profile / f"trace_rank{rank}.json", lambda i: step(i, True))
     if args.measure_comm:
         n = timed(sync=False)
         mine["nosync_median_ms"] = n["median_ms"]

@@ -52,6 +52,37 @@ def noise():  # metadata, flows and instants that a real trace carries and the s
 
 # ---------------------------------------------------------------- pure pieces
 
+def test_intersection_of_interval_sets():
+    assert P.intersection_us([(0, 10)], [(5, 20)]) == 5
+    assert P.intersection_us([(0, 10), (20, 30)], [(5, 25)]) == 10
+    assert P.intersection_us([(0, 4), (2, 6)], [(3, 5), (4, 8)]) == 3  # each side merged first: [0,6] with [3,8]
+    assert P.intersection_us([(0, 10)], []) == 0 and P.intersection_us([(0, 1)], [(1, 2)]) == 0
+
+
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def test_comm_overlap_splits_hidden_from_exposed():
+    """Two steps on one GPU: the backward's compute kernels on stream 7, an all-reduce on the
+    NCCL stream 20 that starts during the backward and ends 3 ms after it."""
+    ev = [step(1, 0, 10_000), step(2, 10_000, 10_000)]
+    for t in (0, 10_000):
+        ev += [kernel(t, 6_000), kernel(t + 6_000, 1_000, name="sm90_xmma_gemm_bf16bf16"),
+               kernel(t + 5_000, 5_000, name=NCCL, stream=20)]
+    r = P.comm_overlap([e for e in (P._from_dict(d) for d in ev) if e])
+    assert r["steps"] == 2 and r["devices"] == 1
+    assert r["comm_ms_per_step"] == pytest.approx(5.0)
+    assert r["overlapped_ms_per_step"] == pytest.approx(2.0)  # 5-7 ms: NCCL next to compute
+    assert r["exposed_ms_per_step"] == pytest.approx(3.0)  # 7-10 ms: NCCL alone
+    assert r["compute_ms_per_step"] == pytest.approx(7.0) and r["overlap_fraction"] == pytest.approx(0.4)
+    assert r["window_ms_per_step"] == pytest.approx(10.0)
+
+
+def test_comm_overlap_none_without_communication_kernels():
+    ev = [P._from_dict(d) for d in (step(1, 0, 100), kernel(0, 50))]
+    assert P.comm_overlap(ev) is None
+
+
 def test_union_counts_overlapping_kernels_once():
     assert P.union_us([(0, 10), (5, 15), (20, 30)]) == 25
     assert P.union_us([(0, 10), (2, 3), (10, 12)]) == 12  # enclosed and touching

@@ -41,7 +41,7 @@ def ddp_run(tmp_path_factory):
            "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
            str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
            "--steps", "3", "--warmup", "1", "--grad-accum", "2", "--measure-comm", "--baseline", str(base),
-           "--bucket-mb", "1", "--bucket-view"]
+           "--bucket-mb", "1", "--bucket-view", "--profile", str(d / "prof")]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
@@ -68,6 +68,15 @@ def test_ddp_two_cpu_processes(ddp_run):
     # the all-reduce really ran: both replicas hold the same weights after the synced steps
     assert r["replicas_identical"] is True
     assert r["per_rank"][0]["param_checksum"] == r["per_rank"][1]["param_checksum"] != 0.0
+
+
+def test_ddp_profile_per_rank(ddp_run):
+    """--profile: each rank profiled its own steps and kept its trace; gloo runs no GPU kernels,
+    so there is no communication kernel to measure (comm is None, not zero)."""
+    for x in ddp_run["per_rank"]:
+        prof = x["profile"]
+        assert Path(prof["trace"]).name == f"trace_rank{x['rank']}.json" and Path(prof["trace"]).stat().st_size > 0
+        assert prof["step_time_ms"] > 0 and prof["gpu_idle_fraction"] is None and prof["comm"] is None
 
 
 def test_replica_check_catches_drift():

@@ -51,6 +51,7 @@ LAUNCH_PREFIXES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeK
 SYNC_API_PREFIXES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                      "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
+COMM_KERNEL_MARKERS = ("nccl",)  # NCCL kernels: ncclKernel_* in older releases, ncclDevKernel_* in recent ones
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "cuda_event"})
 # Kernel-name fragments of matmul / convolution / attention kernels: cuBLAS (sm90_xmma_gemm_*,
 # nvjet_* on Hopper, ampere_sgemm_*), CUTLASS, cuDNN (implicit_convolve_sgemm, *_fprop/dgrad/wgrad),
@@ -186,6 +187,72 @@ def union_us(intervals) -> float:
         else:
             cur_e = max(cur_e, e)
     return total + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
+def _merged(intervals) -> list[tuple[float, float]]:
+    """Sorted, non-overlapping cover of ``intervals`` (the pieces :func:`union_us` adds up)."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def intersection_us(a, b) -> float:
+    """Length of the time covered by both interval sets (each merged first)."""
+    a, b = _merged(a), _merged(b)
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def comm_overlap(events: list[Event], window: tuple[float, float] | None = None) -> dict | None:
+    """How much of the GPU's collective-communication time ran alongside compute, per step.
+
+    Communication kernels are those whose name holds one of :data:`COMM_KERNEL_MARKERS`
+    (NCCL's ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` and the like); every other kernel is
+    compute. Per device, over the window (:func:`analysis_window`): ``comm`` is the union of
+    communication-kernel intervals, ``overlapped`` the part of it during which some compute
+    kernel also ran, ``exposed = comm - overlapped`` the part the step waited on alone
+    (what DDP's bucketing tries to drive to zero, PyTorch's DDP design note). Averaged over
+    devices, divided by the number of ``ProfilerStep`` windows (1 without them); None when
+    the trace has no communication kernel (one process, or gloo on a CPU).
+
+    A kernel that overlaps still shares the SMs and memory with the compute next to it, so an
+    all-reduce hidden here can still slow the backward: compare ``compute_ms_per_step`` with a
+    run without the all-reduce to see that cost."""
+    window = window or analysis_window(events)
+    t0, t1 = window
+    comm: dict[Any, list] = defaultdict(list)
+    compute: dict[Any, list] = defaultdict(list)
+    for e in events:
+        if e.cat == "kernel" and e.end > t0 and e.ts < t1:
+            iv = (max(e.ts, t0), min(e.end, t1))
+            low = e.name.lower()
+            (comm if any(m in low for m in COMM_KERNEL_MARKERS) else compute)[e.args.get("device", e.pid)].append(iv)
+    if not comm:
+        return None
+    steps = len(step_windows(events)) or 1
+    n = len(comm)
+    tot = {"comm": 0.0, "overlapped": 0.0, "compute": 0.0}
+    for dev, iv in comm.items():
+        tot["comm"] += union_us(iv)
+        tot["overlapped"] += intersection_us(iv, compute.get(dev, []))
+        tot["compute"] += union_us(compute.get(dev, []))
+    per = {k: v / n / steps / 1e3 for k, v in tot.items()}
+    return {"steps": steps, "devices": n, "comm_ms_per_step": per["comm"],
+            "overlapped_ms_per_step": per["overlapped"], "exposed_ms_per_step": per["comm"] - per["overlapped"],
+            "compute_ms_per_step": per["compute"],
+            "overlap_fraction": per["overlapped"] / per["comm"] if per["comm"] > 0 else None,
+            "window_ms_per_step": (t1 - t0) / steps / 1e3}
 
 
 def analysis_window(events: list[Event], windows: list[tuple[float, float]] | None = None) -> tuple[float, float]:
