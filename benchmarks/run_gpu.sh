@@ -43,9 +43,10 @@ torch.cuda.synchronize()" & load=$!
         NCCL_MAX_CTAS=$c run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce_ctas${c}.json"
       done
       # Compiled Autograd traces the all-reduces into the compiled backward (no graph breaks, overlap kept)
-      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_${n}gpu.json" --bf16 --compile --measure-comm --ddp-optimizer python_reducer --baseline "$out/p2_ddp_1gpu.json"
-      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --baseline "$out/p2_ddp_1gpu.json"
+      # (against Compiled Autograd on one GPU: it alone made the 1-GPU step 13% faster, RESULTS.md)
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_pyred_1gpu.json" --bf16 --compile --ddp-optimizer python_reducer
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_${n}gpu.json" --bf16 --compile --measure-comm --ddp-optimizer python_reducer --baseline "$out/p2_pyred_1gpu.json"
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --baseline "$out/p2_pyred_1gpu.json"
       # compiled FSDP against compiled FSDP on one GPU (bf16 weights under Accelerate's policy, see below)
       for v in fsdp fsdp2; do
         run accelerate launch --config_file $cfg/${v}_full_shard.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_${v}_1gpu.json" --bf16 --compile

@@ -156,10 +156,15 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError(f"cannot read --baseline {args.baseline}: {exc}") from None
     if base.get("world_size") != 1:
         raise UsageError(f"--baseline {args.baseline} has world_size {base.get('world_size')}; pass a 1-GPU result")
-    for key in ("preset", "batch_per_device", "seq", "grad_accum"):
-        if base.get("config", {}).get(key) != getattr(args, key):
+    for key in ("preset", "batch_per_device", "seq", "grad_accum", "compile"):
+        if base.get("config", {}).get(key, False if key == "compile" else None) != getattr(args, key):
             raise UsageError(f"--baseline {args.baseline} has {key}={base.get('config', {}).get(key)!r}, "
                              f"this run {getattr(args, key)!r}: compare like with like")
+    mine_ca = args.compile and args.ddp_optimizer == "python_reducer"
+    if bool(base.get("compiled_autograd")) != mine_ca:
+        raise UsageError(f"--baseline {args.baseline} {'ran' if base.get('compiled_autograd') else 'did not run'} "
+                         f"under Compiled Autograd and this run {'does' if mine_ca else 'does not'}: give it a 1-GPU "
+                         "run with the same --ddp-optimizer")
     return base
 
 

@@ -12,6 +12,7 @@ from utils import scaling
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s3"
 RECORDED_S4 = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s4"
+RECORDED_S5 = [ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s5" / r for r in ("run1", "run2")]  # run3: profiles, no 1-GPU run
 chart = load_script(ROOT / "benchmarks" / "scaling_chart.py")
 
 
@@ -67,13 +68,29 @@ def test_the_runs_own_baseline_wins_and_studies_stay_apart(tmp_path):
     assert curves[1].label == "eager, 1 GPU"  # a's own 1-GPU run: the 2-GPU run was measured against another
 
 
+def test_compiled_autograd_and_cta_caps_start_their_own_curves(tmp_path):
+    """A Compiled Autograd run on one GPU is another program (13% faster on an H200): its 2-GPU
+    runs scale from it, not from the plain compiled run; an NCCL CTA cap is part of the label."""
+    d = write(tmp_path / "s", one=train(1, 100.0, compile_=True),
+              ca_one=dict(train(1, 113.0, compile_=True, ddp_optimizer="python_reducer"), compiled_autograd=True),
+              ca_two=dict(train(2, 105.0, compile_=True, ddp_optimizer="python_reducer"), compiled_autograd=True),
+              plain_two=train(2, 95.0, compile_=True), capped=train(2, 91.0, compile_=True, env={"NCCL_MAX_CTAS": "4"}))
+    c = by_label(scaling.training_curves([d]))
+    assert set(c) == {"compiled DDP", "compiled DDP, optimize_ddp=python_reducer", "compiled DDP, NCCL_MAX_CTAS=4"}
+    assert c["compiled DDP, optimize_ddp=python_reducer"].per_device == {2: 105.0, 1: 113.0}
+    assert c["compiled DDP"].per_device[1] == c["compiled DDP, NCCL_MAX_CTAS=4"].per_device[1] == 100.0
+    lone = by_label(scaling.training_curves([write(tmp_path / "t", ca=dict(train(1, 113.0, compile_=True),
+                                                                             compiled_autograd=True))]))
+    assert set(lone) == {"compiled, Compiled Autograd, 1 GPU"}
+
+
 def test_look_alike_runs_are_both_kept(tmp_path):
     d = write(tmp_path / "s", one=train(1, 100.0), fsdp_a=train(2, 50.0, strategy="FULL_SHARD", dist="FSDP"),
               fsdp_b=train(2, 55.0, strategy="FULL_SHARD", dist="FSDP"))
     assert sorted(c.per_device[2] for c in scaling.training_curves([d])) == [50.0, 55.0]
 
 
-@pytest.mark.parametrize("study", [RECORDED, RECORDED_S4], ids=lambda p: p.name)
+@pytest.mark.parametrize("study", [RECORDED, RECORDED_S4, *RECORDED_S5], ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_shipped_h200_runs_agree_with_their_own_efficiency(study):
     """The recorded 2 x H200 studies: efficiency recomputed here equals what train_multi_gpu.py wrote."""
     curves = scaling.training_curves([study])

@@ -206,6 +206,21 @@ def test_python_reducer_compiled_on_two_cpu_processes(tmp_path):
     assert r["replicas_identical"] is True
 
 
+@pytest.mark.parametrize("base_cfg, base_extra, argv, needle", [
+    ({"compile": False}, {}, ["--compile"], "has compile=False, this run True"),
+    ({"compile": True}, {"compiled_autograd": False}, ["--compile", "--ddp-optimizer", "python_reducer"],
+     "did not run under Compiled Autograd and this run does"),
+    ({"compile": True}, {"compiled_autograd": True}, ["--compile"], "ran under Compiled Autograd and this run does not"),
+])
+def test_baseline_must_be_the_same_program(capsys, tmp_path, base_cfg, base_extra, argv, needle):
+    base = tmp_path / "one.json"
+    base.write_text(json.dumps({"world_size": 1, "total_tokens_per_s": 1.0, **base_extra,
+                                "config": {"preset": "gpt2-tiny", "batch_per_device": 16, "seq": 1024, "grad_accum": 1,
+                                           **base_cfg}}))
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--baseline", str(base), *argv])
+    _one_line_error(capsys, rc, needle)
+
+
 def test_missing_out_folder(capsys, tmp_path):
     _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "no" / "x.json")]), "does not exist")
 

@@ -29,7 +29,8 @@ the same model and the same greedy tokens; what differs is how much else a token
     matmuls (SDPA's math backend, which gpt-fast decodes under, first copies the whole cache
     to fp32). What is left is reading the weights and the cache. On one H200, with Inductor's
     coordinate-descent tuning as gpt-fast sets it: 933 tokens/s, 45.4% of copy bandwidth
-    (``benchmarks/decode_tuning.py``, RESULTS.md).
+    in one run, 861 tokens/s, 42.1% in the next; with Inductor's defaults (this class's
+    default) 777 tokens/s, 38.0% (``benchmarks/decode_tuning.py``, RESULTS.md).
 
 Why a hand-written forward rather than HF's model under ``torch.compile``: compiling HF's
 forward with its static cache under ``mode="reduce-overhead"`` failed on the H200 with

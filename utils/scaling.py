@@ -19,7 +19,8 @@ from typing import Any
 
 from utils.distributed import scaling_efficiency
 
-NCCL_OVERRIDES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE")  # transports a run forced off
+# NCCL settings a run overrode: transports forced off, and the cap on the SMs (CTAs) a collective takes
+NCCL_OVERRIDES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS")
 
 
 class ScalingDataError(ValueError):
@@ -111,11 +112,18 @@ def _overrides(data: dict) -> list[str]:
     return [f"{k}={env[k]}" for k in NCCL_OVERRIDES if env.get(k) not in (None, "")]
 
 
+def _compiled_autograd(data: dict) -> bool:
+    """A run whose backward Compiled Autograd traced (``--ddp-optimizer python_reducer``): on one
+    GPU it is another program than a plain compiled run, so it starts its own curves."""
+    return bool(data.get("compiled_autograd")) or data["config"].get("ddp_optimizer") == "python_reducer"
+
+
 def training_curves(paths) -> list[Curve]:
     """Curves from train_multi_gpu.py results among ``paths`` (files or folders; other JSONs
     skipped). Each folder is one study: curves of different folders are kept apart. A curve's
     1-GPU point is the baseline its runs were measured against (``--baseline``), else the
-    folder's one-process run of the same shape and compile setting."""
+    folder's one-process run of the same shape, compile setting and autograd (plain or Compiled
+    Autograd)."""
     singles: dict[tuple, dict] = {}
     multi: list[dict] = []
     for f in _files(paths):
@@ -137,7 +145,7 @@ def training_curves(paths) -> list[Curve]:
             raise ScalingDataError(f"{f}: world_size {data['world_size']} and tokens/s per device "
                                    f"{data['tokens_per_s_per_device']} are not a measured run")
         cfg = data["config"]
-        key = (data["_source"], _shape(cfg), bool(cfg.get("compile")))
+        key = (data["_source"], _shape(cfg), bool(cfg.get("compile")), _compiled_autograd(data))
         if data["world_size"] == 1:
             singles[key] = data
         else:
@@ -159,14 +167,14 @@ def training_curves(paths) -> list[Curve]:
             c.per_device[1] = float(base)
             c.files[1] = str((data.get("baseline") or {}).get("file", "baseline"))
     for (src, shape, _), c in curves.items():
-        one = singles.get((src, shape, c.label.startswith("compiled")))
+        one = singles.get((src, shape, c.label.startswith("compiled"), "python_reducer" in c.label))
         if 1 not in c.per_device and one is not None:
             c.per_device[1] = float(one["tokens_per_s_per_device"])
             c.files[1] = one["_file"]
-    for (src, shape, compiled), one in singles.items():  # a 1-GPU run that no curve uses is a curve of one point
+    for (src, shape, compiled, autograd), one in singles.items():  # a 1-GPU run no curve uses: a curve of one point
         used = {c.per_device.get(1) for c in curves.values() if c.source == src and c.shape == shape}
         if float(one["tokens_per_s_per_device"]) not in used:
-            way = ("compiled" if compiled else "eager") + ", 1 GPU"
+            way = ("compiled" if compiled else "eager") + (", Compiled Autograd" if autograd else "") + ", 1 GPU"
             curves[(src, shape, way)] = Curve(way, shape, {1: float(one["tokens_per_s_per_device"])}, {}, {1: one["_file"]},
                                               source=src)
     return sorted(curves.values(), key=lambda c: (c.source, c.shape, c.label))
