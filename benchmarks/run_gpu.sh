@@ -47,6 +47,8 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_pyred_1gpu.json" --bf16 --compile --ddp-optimizer python_reducer
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_${n}gpu.json" --bf16 --compile --measure-comm --ddp-optimizer python_reducer --baseline "$out/p2_pyred_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --baseline "$out/p2_pyred_1gpu.json"
+      # its all-reduces ran after the backward (0% overlap in a profile): let Inductor move them among the kernels
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_reorder_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --comm-reorder --profile "$out/prof_pyred_reorder" --baseline "$out/p2_pyred_1gpu.json"
       # compiled FSDP against compiled FSDP on one GPU (bf16 weights under Accelerate's policy, see below)
       for v in fsdp fsdp2; do
         run accelerate launch --config_file $cfg/${v}_full_shard.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_${v}_1gpu.json" --bf16 --compile

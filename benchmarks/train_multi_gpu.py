@@ -43,6 +43,9 @@ the backward's kernels, again without graph breaks (PyTorch marks it experimenta
 and backward together (``torch._dynamo.config.compiled_autograd``, which traces backward calls
 made inside a compiled function) and refuses ``--comm-hook``: the Python reducer calls its
 hooks with another signature than DDP's (``DistributedDataParallel._register_accum_grad_hook``).
+``--comm-reorder`` adds Inductor's compute/communication reordering passes to that mode
+(``reorder_for_compute_comm_overlap``): on an H200 its all-reduces otherwise ran after the
+backward's last kernel, with nothing to overlap.
 
 ``--profile DIR`` profiles five more synchronised steps on every rank after the timed ones
 (``utils.profiling.profile_steps``; traces ``DIR/trace_rankR.json``) and records, per rank, the
@@ -99,6 +102,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DDP communication hook: bf16 all-reduces gradients as bf16 (half the bytes of fp32)")
     p.add_argument("--ddp-optimizer", choices=DDP_OPTIMIZERS, default="ddp_optimizer",
                    help="torch._dynamo.config.optimize_ddp under --compile (default: PyTorch's, ddp_optimizer)")
+    p.add_argument("--comm-reorder", action="store_true",
+                   help="with python_reducer: Inductor moves the all-reduces among the backward's kernels "
+                        "(reorder_for_compute_comm_overlap)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--no-sync-accum", action="store_true", help="all-reduce on every micro-batch")
     p.add_argument("--measure-comm", action="store_true", help="also time steps without gradient sync (DDP)")
@@ -142,6 +148,10 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
     if args.ddp_optimizer != "ddp_optimizer" and not args.compile:
         raise UsageError(f"--ddp-optimizer {args.ddp_optimizer} only changes how torch.compile splits the graph; add --compile")
+    if args.comm_reorder and args.ddp_optimizer != "python_reducer":
+        raise UsageError("--comm-reorder reorders the all-reduces Compiled Autograd traced; add --compile --ddp-optimizer python_reducer")
+    if args.comm_reorder:
+        _enable_comm_reorder(apply=False)
     if args.ddp_optimizer == "python_reducer" and args.comm_hook != "none":
         raise UsageError("--ddp-optimizer python_reducer calls communication hooks with its own signature; drop --comm-hook")
     for name, low in (("batch_per_device", 1), ("seq", 1), ("steps", 1), ("warmup", 0), ("grad_accum", 1),
@@ -243,6 +253,30 @@ def replicas_identical(checksums: list[float], rel_tol: float = 1e-9) -> bool:
     return max(checksums) - min(checksums) <= rel_tol * max(1.0, abs(checksums[0]))
 
 
+# The passes torch/_inductor/config.py recommends for reorder_for_compute_comm_overlap_passes
+COMM_REORDER_PASSES = ("reorder_communication_preserving_peak_memory", "sink_waits_iterative",
+                       "reorder_communication_preserving_peak_memory")
+
+
+def _enable_comm_reorder(apply: bool = True) -> None:
+    """Inductor's compute/communication reordering, for the collectives Compiled Autograd put in
+    the backward graph. Without it, on an H200 with torch 2.11 the fused all-reduces ran after
+    the backward's last kernel (0% overlap, RESULTS.md): a collective starts on NCCL's stream
+    only once the compute stream reaches the point where it was issued. ``apply=False`` only
+    checks that this torch has the passes."""
+    import torch
+    import torch._inductor.comms as comms
+    import torch._inductor.config as inductor_config
+
+    missing = [p for p in COMM_REORDER_PASSES if not hasattr(comms, p)]
+    if missing:
+        raise UsageError(f"torch {torch.__version__} has no Inductor pass {missing[0]}; drop --comm-reorder")
+    if not apply:
+        return
+    inductor_config.reorder_for_compute_comm_overlap = True
+    inductor_config.reorder_for_compute_comm_overlap_passes = list(COMM_REORDER_PASSES)
+
+
 def _dynamo_counters() -> dict:
     """Rank 0's torch.compile tallies: Dynamo graphs and graph breaks, and how many backward
     graphs Compiled Autograd captured (0 unless ``--ddp-optimizer python_reducer``)."""
@@ -291,6 +325,8 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     if args.compile:  # before prepare: DDP reads the mode when it is constructed (python_reducer)
         torch._dynamo.config.optimize_ddp = args.ddp_optimizer
         torch._dynamo.config.compiled_autograd = python_reducer
+    if args.comm_reorder:
+        _enable_comm_reorder()
     model, opt = accelerator.prepare(model, opt)
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
     dist = _distributed_info(accelerator, wrapped)
@@ -366,7 +402,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
                    "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "bf16": args.bf16,
                    "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum,
                    "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view, "comm_hook": args.comm_hook,
-                   "ddp_optimizer": args.ddp_optimizer},
+                   "ddp_optimizer": args.ddp_optimizer, "comm_reorder": args.comm_reorder},
         "dynamo_optimize_ddp": torch._dynamo.config.optimize_ddp if args.compile else None,
         "compiled_autograd": bool(torch._dynamo.config.compiled_autograd),
         "dynamo_counters": _dynamo_counters() if args.compile else None,

@@ -189,21 +189,28 @@ def test_python_reducer_refuses_fsdp(monkeypatch, capsys, tmp_path):
 
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
                     reason="torch.compile on a CPU needs a C++ compiler")
-def test_python_reducer_compiled_on_two_cpu_processes(tmp_path):
+@pytest.mark.parametrize("reorder", [False, True], ids=["as_compiled", "comm_reorder"])
+def test_python_reducer_compiled_on_two_cpu_processes(tmp_path, reorder):
     """The Compiled Autograd path the 2-GPU run takes, on gloo: the backward is captured, the
-    all-reduces it traced keep the replicas identical, and the mode is recorded."""
+    all-reduces it traced keep the replicas identical, and the mode is recorded; the same with
+    Inductor's compute/communication reordering."""
     out = tmp_path / "pyred.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     cmd = [*LAUNCH, "--config_file", str(CONFIGS / "ddp.yaml"), "--num_processes", "2",
            "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
            str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
-           "--steps", "2", "--warmup", "1", "--compile", "--ddp-optimizer", "python_reducer"]
+           "--steps", "2", "--warmup", "1", "--compile", "--ddp-optimizer", "python_reducer"] + ["--comm-reorder"] * reorder
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["dynamo_optimize_ddp"] == "python_reducer" and r["compiled_autograd"] is True
     assert r["dynamo_counters"]["compiled_autograd_captures"] >= 1
-    assert r["replicas_identical"] is True
+    assert r["replicas_identical"] is True and r["config"]["comm_reorder"] is reorder
+
+
+def test_comm_reorder_needs_python_reducer(capsys, tmp_path):
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile", "--comm-reorder"])
+    _one_line_error(capsys, rc, "--comm-reorder reorders the all-reduces Compiled Autograd traced")
 
 
 @pytest.mark.parametrize("base_cfg, base_extra, argv, needle", [
