@@ -81,21 +81,22 @@ torch.cuda.synchronize()" & load=$!
       al 1 --out "$out/p2b_accum_1gpu.json" $a
       al "$n" --out "$out/p2b_accum_syncall_${n}gpu.json" $a --no-sync-accum --baseline "$out/p2b_accum_1gpu.json"
       al "$n" --out "$out/p2b_accum_nosync_${n}gpu.json" $a --baseline "$out/p2b_accum_1gpu.json" ;;
-    scaling) # issue 9: 1, 2, 4, 8 GPUs (as many as there are): all-reduce, eager and compiled DDP, eager FSDP full shard
+    scaling) # issue 9: 1, 2, 4, 8 GPUs (as many as there are): all-reduce, eager and compiled DDP, eager FSDP2 full shard
       n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate; t=benchmarks/train_multi_gpu.py
       for k in 1 2 4 8; do
         [ "$k" -le "$n" ] || break
         if [ "$k" -eq 1 ]; then
           run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 $t --bf16 --out "$out/sc_eager_1gpu.json"
           run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 $t --bf16 --compile --out "$out/sc_compiled_1gpu.json"
-          # FSDP's own 1-GPU point: with --bf16 it computes on bf16 weights, unlike the autocast runs above
-          run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes 1 $t --bf16 --out "$out/sc_fsdp_1gpu.json"
+          # FSDP's own 1-GPU point: with --bf16 it computes on bf16 weights, unlike the autocast runs above.
+          # FSDP2, because FSDP1 on one process switches itself to NO_SHARD, a slower path (RESULTS.md, fifth session)
+          run accelerate launch --config_file $cfg/fsdp2_full_shard.yaml --num_processes 1 $t --bf16 --out "$out/sc_fsdp_1gpu.json"
           continue
         fi
         run torchrun --standalone --nproc_per_node "$k" benchmarks/allreduce.py --out "$out/sc_allreduce_${k}gpu.json"
         run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$k" $t --bf16 --measure-comm --out "$out/sc_eager_${k}gpu.json" --baseline "$out/sc_eager_1gpu.json"
         run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$k" $t --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --out "$out/sc_compiled_${k}gpu.json" --baseline "$out/sc_compiled_1gpu.json"
-        run accelerate launch --config_file $cfg/fsdp_full_shard.yaml --num_processes "$k" $t --bf16 --out "$out/sc_fsdp_${k}gpu.json" --baseline "$out/sc_fsdp_1gpu.json"
+        run accelerate launch --config_file $cfg/fsdp2_full_shard.yaml --num_processes "$k" $t --bf16 --out "$out/sc_fsdp_${k}gpu.json" --baseline "$out/sc_fsdp_1gpu.json"
       done
       run python benchmarks/scaling_chart.py "$out" --png "$out/scaling.png" ;;
     trl) n=$(python -c "import torch; print(torch.cuda.device_count())")
