@@ -139,25 +139,25 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError("--out FILE.json is required")
     if not args.out.parent.is_dir():
         raise UsageError(f"the folder of --out ({args.out.parent}) does not exist; create it first")
-    if args.profile is not None:
-        try:
-            args.profile.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UsageError(f"cannot create --profile folder {args.profile}: {exc}") from None
     if args.preset not in MODEL_PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
     if args.ddp_optimizer != "ddp_optimizer" and not args.compile:
         raise UsageError(f"--ddp-optimizer {args.ddp_optimizer} only changes how torch.compile splits the graph; add --compile")
     if args.comm_reorder and args.ddp_optimizer != "python_reducer":
         raise UsageError("--comm-reorder reorders the all-reduces Compiled Autograd traced; add --compile --ddp-optimizer python_reducer")
-    if args.comm_reorder:
-        _enable_comm_reorder(apply=False)
+    if args.comm_reorder and _missing_comm_reorder_pass():
+        raise UsageError(f"this torch has no Inductor pass {_missing_comm_reorder_pass()}; drop --comm-reorder")
     if args.ddp_optimizer == "python_reducer" and args.comm_hook != "none":
         raise UsageError("--ddp-optimizer python_reducer calls communication hooks with its own signature; drop --comm-hook")
     for name, low in (("batch_per_device", 1), ("seq", 1), ("steps", 1), ("warmup", 0), ("grad_accum", 1),
                       ("bucket_mb", 1)):
         if getattr(args, name) < low:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.profile is not None:
+        try:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create --profile folder {args.profile}: {exc}") from None
     if args.baseline is None:
         return None
     try:
@@ -258,21 +258,20 @@ COMM_REORDER_PASSES = ("reorder_communication_preserving_peak_memory", "sink_wai
                        "reorder_communication_preserving_peak_memory")
 
 
-def _enable_comm_reorder(apply: bool = True) -> None:
+def _missing_comm_reorder_pass() -> str | None:
+    """The first of :data:`COMM_REORDER_PASSES` this torch's Inductor lacks, or None."""
+    import torch._inductor.comms as comms
+
+    return next((p for p in COMM_REORDER_PASSES if not hasattr(comms, p)), None)
+
+
+def _enable_comm_reorder() -> None:
     """Inductor's compute/communication reordering, for the collectives Compiled Autograd put in
     the backward graph. Without it, on an H200 with torch 2.11 the fused all-reduces ran after
     the backward's last kernel (0% overlap, RESULTS.md): a collective starts on NCCL's stream
-    only once the compute stream reaches the point where it was issued. ``apply=False`` only
-    checks that this torch has the passes."""
-    import torch
-    import torch._inductor.comms as comms
+    only once the compute stream reaches the point where it was issued."""
     import torch._inductor.config as inductor_config
 
-    missing = [p for p in COMM_REORDER_PASSES if not hasattr(comms, p)]
-    if missing:
-        raise UsageError(f"torch {torch.__version__} has no Inductor pass {missing[0]}; drop --comm-reorder")
-    if not apply:
-        return
     inductor_config.reorder_for_compute_comm_overlap = True
     inductor_config.reorder_for_compute_comm_overlap_passes = list(COMM_REORDER_PASSES)
 
@@ -337,7 +336,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
 
     def forward_backward(x, y) -> None:
         loss = model(input_ids=x, labels=y).loss / args.grad_accum
-        accelerator.backward(loss)  # bf16 or fp32: no loss scaler, so this is loss.backward()
+        accelerator.backward(loss)  # under --bf16 (no loss scaler) this is loss.backward()
 
     if python_reducer:  # Compiled Autograd traces the backward called inside this compiled function
         forward_backward = torch.compile(forward_backward)

@@ -228,6 +228,13 @@ def test_baseline_must_be_the_same_program(capsys, tmp_path, base_cfg, base_extr
     _one_line_error(capsys, rc, needle)
 
 
+def test_comm_reorder_refused_on_a_torch_without_the_passes(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(tmg, "_missing_comm_reorder_pass", lambda: "sink_waits_iterative")
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile",
+                   "--ddp-optimizer", "python_reducer", "--comm-reorder"])
+    _one_line_error(capsys, rc, "no Inductor pass sink_waits_iterative; drop --comm-reorder")
+
+
 def test_missing_out_folder(capsys, tmp_path):
     _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "no" / "x.json")]), "does not exist")
 

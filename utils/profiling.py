@@ -176,21 +176,8 @@ def step_windows(events: list[Event]) -> list[tuple[float, float]]:
     return sorted((e.ts, e.end) for e in events if e.name.startswith(STEP_PREFIX) and e.on_cpu)
 
 
-def union_us(intervals) -> float:
-    """Length of the union of (start, end) intervals: overlapping kernels count once."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + (cur_e - cur_s if cur_e is not None else 0.0)
-
-
 def _merged(intervals) -> list[tuple[float, float]]:
-    """Sorted, non-overlapping cover of ``intervals`` (the pieces :func:`union_us` adds up)."""
+    """Sorted, non-overlapping cover of ``intervals``."""
     out: list[list[float]] = []
     for s, e in sorted(intervals):
         if out and s <= out[-1][1]:
@@ -198,6 +185,11 @@ def _merged(intervals) -> list[tuple[float, float]]:
         else:
             out.append([s, e])
     return [(s, e) for s, e in out]
+
+
+def union_us(intervals) -> float:
+    """Length of the union of (start, end) intervals: overlapping kernels count once."""
+    return sum(e - s for s, e in _merged(intervals))
 
 
 def intersection_us(a, b) -> float:
@@ -231,13 +223,12 @@ def comm_overlap(events: list[Event], window: tuple[float, float] | None = None)
     run without the all-reduce to see that cost."""
     window = window or analysis_window(events)
     t0, t1 = window
-    comm: dict[Any, list] = defaultdict(list)
-    compute: dict[Any, list] = defaultdict(list)
-    for e in events:
-        if e.cat == "kernel" and e.end > t0 and e.ts < t1:
-            iv = (max(e.ts, t0), min(e.end, t1))
-            low = e.name.lower()
-            (comm if any(m in low for m in COMM_KERNEL_MARKERS) else compute)[e.args.get("device", e.pid)].append(iv)
+
+    def is_comm(e: Event) -> bool:
+        return any(m in e.name.lower() for m in COMM_KERNEL_MARKERS)
+
+    comm = _kernel_intervals(events, window, is_comm)
+    compute = _kernel_intervals(events, window, lambda e: not is_comm(e))
     if not comm:
         return None
     steps = len(step_windows(events)) or 1
@@ -269,14 +260,19 @@ def analysis_window(events: list[Event], windows: list[tuple[float, float]] | No
     return min(e.ts for e in xs), max(e.end for e in xs)
 
 
-def gpu_busy_us(events: list[Event], window: tuple[float, float]) -> dict[Any, float]:
-    """Per device, the union of kernel intervals clipped to ``window`` (all streams together)."""
+def _kernel_intervals(events: list[Event], window: tuple[float, float], keep=lambda e: True) -> dict[Any, list]:
+    """Per device, the (start, end) of each kernel ``keep`` accepts, clipped to ``window``."""
     t0, t1 = window
     by_device: dict[Any, list] = defaultdict(list)
     for e in events:
-        if e.cat == "kernel" and e.end > t0 and e.ts < t1:
+        if e.cat == "kernel" and e.end > t0 and e.ts < t1 and keep(e):
             by_device[e.args.get("device", e.pid)].append((max(e.ts, t0), min(e.end, t1)))
-    return {d: union_us(iv) for d, iv in by_device.items()}
+    return by_device
+
+
+def gpu_busy_us(events: list[Event], window: tuple[float, float]) -> dict[Any, float]:
+    """Per device, the union of kernel intervals clipped to ``window`` (all streams together)."""
+    return {d: union_us(iv) for d, iv in _kernel_intervals(events, window).items()}
 
 
 def gpu_idle_fraction(events: list[Event], window: tuple[float, float] | None = None) -> float | None:

@@ -153,6 +153,7 @@ def training_curves(paths) -> list[Curve]:
         else:
             multi.append(data)
     curves: dict[tuple, Curve] = {}
+    single_of: dict[tuple, tuple] = {}  # curve key -> the singles key of its 1-GPU run
     for data in multi:
         shape, way, src = _shape(data["config"]), _way(data), data["_source"]
         n = int(data["world_size"])
@@ -160,6 +161,7 @@ def training_curves(paths) -> list[Curve]:
         if n in c.per_device:  # two runs that look alike (say, two configs that ran the same strategy): keep both
             way = f"{way} [{Path(data['_file']).stem}]"
             c = curves.setdefault((src, shape, way), Curve(way, shape, source=src))
+        single_of[(src, shape, way)] = (src, shape, bool(data["config"].get("compile")), _compiled_autograd(data))
         c.per_device[n] = float(data["tokens_per_s_per_device"])
         c.files[n] = data["_file"]
         if data.get("exposed_comm_share") is not None:
@@ -168,8 +170,8 @@ def training_curves(paths) -> list[Curve]:
         if base is not None:
             c.per_device[1] = float(base)
             c.files[1] = str((data.get("baseline") or {}).get("file", "baseline"))
-    for (src, shape, _), c in curves.items():
-        one = singles.get((src, shape, c.label.startswith("compiled"), "python_reducer" in c.label))
+    for key, c in curves.items():
+        one = singles.get(single_of[key])
         if 1 not in c.per_device and one is not None:
             c.per_device[1] = float(one["tokens_per_s_per_device"])
             c.files[1] = one["_file"]
