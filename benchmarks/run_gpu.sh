@@ -35,6 +35,10 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_${n}gpu.json" --bf16 --compile --measure-comm --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_bf16hook_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --comm-hook bf16 --baseline "$out/p2_ddp_1gpu.json"
+      # smaller buckets: the last one (tied embedding + first blocks, ready only at the backward's end) is exposed
+      for b in 50 100; do
+        run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b${b}_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb $b --bucket-view --baseline "$out/p2_ddp_1gpu.json"
+      done
       # one compiled graph, all-reduce after the backward: no DDPOptimizer graph breaks, no overlap
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_noopt_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --ddp-optimizer no_optimization --baseline "$out/p2_ddp_1gpu.json"
       # fewer NCCL CTAs (SMs) for the overlapped all-reduce: less contention with the backward's kernels
@@ -48,7 +52,8 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_${n}gpu.json" --bf16 --compile --measure-comm --ddp-optimizer python_reducer --baseline "$out/p2_pyred_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --baseline "$out/p2_pyred_1gpu.json"
       # its all-reduces ran after the backward (0% overlap in a profile): let Inductor move them among the kernels
-      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_reorder_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --comm-reorder --profile "$out/prof_pyred_reorder" --baseline "$out/p2_pyred_1gpu.json"
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_reorder_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --comm-reorder passes --profile "$out/prof_pyred_reorder" --baseline "$out/p2_pyred_1gpu.json"
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_overlap_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --comm-reorder overlap --profile "$out/prof_pyred_overlap" --baseline "$out/p2_pyred_1gpu.json"
       # compiled FSDP against compiled FSDP on one GPU (bf16 weights under Accelerate's policy, see below)
       for v in fsdp fsdp2; do
         run accelerate launch --config_file $cfg/${v}_full_shard.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_${v}_1gpu.json" --bf16 --compile

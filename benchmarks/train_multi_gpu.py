@@ -43,9 +43,16 @@ the backward's kernels, again without graph breaks (PyTorch marks it experimenta
 and backward together (``torch._dynamo.config.compiled_autograd``, which traces backward calls
 made inside a compiled function) and refuses ``--comm-hook``: the Python reducer calls its
 hooks with another signature than DDP's (``DistributedDataParallel._register_accum_grad_hook``).
-``--comm-reorder`` adds Inductor's compute/communication reordering passes to that mode
-(``reorder_for_compute_comm_overlap``): on an H200 its all-reduces otherwise ran after the
-backward's last kernel, with nothing to overlap.
+``--comm-reorder`` asks Inductor to move that mode's all-reduces among the backward's kernels
+(on an H200 they otherwise ran after the backward's last kernel, with nothing to overlap), by
+one of its two schedulers: ``passes`` (the default) runs the ``reorder_for_compute_comm_overlap``
+passes ``torch/_inductor/config.py`` recommends; ``overlap`` runs the newer overlap scheduler
+(``aten_distributed_optimizations.enable_overlap_scheduling``), which estimates each kernel's
+and each collective's time and issues collectives early enough to hide them.
+
+Every run records rank 0's training loss for each synchronised step (``loss_per_step``; kept on
+the GPU until the timed loop ends, so no step waits for it): runs under different compile modes
+can then be compared on what they learn, not only on speed.
 
 ``--profile DIR`` profiles five more synchronised steps on every rank after the timed ones
 (``utils.profiling.profile_steps``; traces ``DIR/trace_rankR.json``) and records, per rank, the
@@ -79,6 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROG = "train_multi_gpu.py"
 DDP_OPTIMIZERS = ("ddp_optimizer", "no_optimization", "python_reducer")  # torch._dynamo.config.optimize_ddp values
+COMM_REORDERS = ("passes", "overlap")  # --comm-reorder: Inductor's two compute/communication schedulers
 ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_")
 
 
@@ -102,9 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="DDP communication hook: bf16 all-reduces gradients as bf16 (half the bytes of fp32)")
     p.add_argument("--ddp-optimizer", choices=DDP_OPTIMIZERS, default="ddp_optimizer",
                    help="torch._dynamo.config.optimize_ddp under --compile (default: PyTorch's, ddp_optimizer)")
-    p.add_argument("--comm-reorder", action="store_true",
-                   help="with python_reducer: Inductor moves the all-reduces among the backward's kernels "
-                        "(reorder_for_compute_comm_overlap)")
+    p.add_argument("--comm-reorder", nargs="?", const="passes", choices=COMM_REORDERS, default=None,
+                   help="with python_reducer: Inductor moves the all-reduces among the backward's kernels, by its "
+                        "reorder_for_compute_comm_overlap passes (passes, the default) or its overlap scheduler (overlap)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--no-sync-accum", action="store_true", help="all-reduce on every micro-batch")
     p.add_argument("--measure-comm", action="store_true", help="also time steps without gradient sync (DDP)")
@@ -145,8 +153,9 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError(f"--ddp-optimizer {args.ddp_optimizer} only changes how torch.compile splits the graph; add --compile")
     if args.comm_reorder and args.ddp_optimizer != "python_reducer":
         raise UsageError("--comm-reorder reorders the all-reduces Compiled Autograd traced; add --compile --ddp-optimizer python_reducer")
-    if args.comm_reorder and _missing_comm_reorder_pass():
-        raise UsageError(f"this torch has no Inductor pass {_missing_comm_reorder_pass()}; drop --comm-reorder")
+    if args.comm_reorder and _missing_comm_reorder(args.comm_reorder):
+        raise UsageError(f"this torch has no Inductor {_missing_comm_reorder(args.comm_reorder)}; "
+                         f"drop --comm-reorder {args.comm_reorder}")
     if args.ddp_optimizer == "python_reducer" and args.comm_hook != "none":
         raise UsageError("--ddp-optimizer python_reducer calls communication hooks with its own signature; drop --comm-hook")
     for name, low in (("batch_per_device", 1), ("seq", 1), ("steps", 1), ("warmup", 0), ("grad_accum", 1),
@@ -258,20 +267,32 @@ COMM_REORDER_PASSES = ("reorder_communication_preserving_peak_memory", "sink_wai
                        "reorder_communication_preserving_peak_memory")
 
 
-def _missing_comm_reorder_pass() -> str | None:
-    """The first of :data:`COMM_REORDER_PASSES` this torch's Inductor lacks, or None."""
+def _missing_comm_reorder(mode: str) -> str | None:
+    """What this torch's Inductor lacks for ``--comm-reorder MODE`` (a pass or a setting), or None."""
     import torch._inductor.comms as comms
-
-    return next((p for p in COMM_REORDER_PASSES if not hasattr(comms, p)), None)
-
-
-def _enable_comm_reorder() -> None:
-    """Inductor's compute/communication reordering, for the collectives Compiled Autograd put in
-    the backward graph. Without it, on an H200 with torch 2.11 the fused all-reduces ran after
-    the backward's last kernel (0% overlap, RESULTS.md): a collective starts on NCCL's stream
-    only once the compute stream reaches the point where it was issued."""
     import torch._inductor.config as inductor_config
 
+    if mode == "overlap":
+        opts = getattr(inductor_config, "aten_distributed_optimizations", None)
+        return None if hasattr(opts, "enable_overlap_scheduling") else "setting aten_distributed_optimizations.enable_overlap_scheduling"
+    return next((f"pass {p}" for p in COMM_REORDER_PASSES if not hasattr(comms, p)), None)
+
+
+def _enable_comm_reorder(mode: str) -> None:
+    """Inductor's compute/communication scheduling, for the collectives Compiled Autograd put in
+    the backward graph. Without it, on an H200 with torch 2.11 the fused all-reduces ran after
+    the backward's last kernel (0% overlap, RESULTS.md): a collective starts on NCCL's stream
+    only once the compute stream reaches the point where it was issued.
+
+    ``passes``: ``reorder_for_compute_comm_overlap`` with the passes ``torch/_inductor/config.py``
+    recommends (they run on Inductor's scheduler nodes). ``overlap``: the overlap scheduler of
+    ``torch/_inductor/fx_passes/overlap_scheduling.py``, a post-grad FX pass that orders the graph
+    by estimated kernel and collective times so each collective is hidden behind compute."""
+    import torch._inductor.config as inductor_config
+
+    if mode == "overlap":
+        inductor_config.aten_distributed_optimizations.enable_overlap_scheduling = True
+        return
     inductor_config.reorder_for_compute_comm_overlap = True
     inductor_config.reorder_for_compute_comm_overlap_passes = list(COMM_REORDER_PASSES)
 
@@ -325,7 +346,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         torch._dynamo.config.optimize_ddp = args.ddp_optimizer
         torch._dynamo.config.compiled_autograd = python_reducer
     if args.comm_reorder:
-        _enable_comm_reorder()
+        _enable_comm_reorder(args.comm_reorder)
     model, opt = accelerator.prepare(model, opt)
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
     dist = _distributed_info(accelerator, wrapped)
@@ -334,40 +355,48 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     batches = _batches(args, rank, world, cfg.vocab_size, device)
     tokens_per_step = args.batch_per_device * args.seq * args.grad_accum
 
-    def forward_backward(x, y) -> None:
+    def forward_backward(x, y):
         loss = model(input_ids=x, labels=y).loss / args.grad_accum
         accelerator.backward(loss)  # under --bf16 (no loss scaler) this is loss.backward()
+        return loss.detach()
 
     if python_reducer:  # Compiled Autograd traces the backward called inside this compiled function
         forward_backward = torch.compile(forward_backward)
 
-    def step(i: int, sync: bool) -> None:
+    def step(i: int, sync: bool):
+        """One optimizer step; returns its loss (summed over micro-batches) as a GPU tensor."""
+        loss = 0.0
         for m in range(args.grad_accum):
             x, y = batches[(i * args.grad_accum + m) % len(batches)]
             last = m == args.grad_accum - 1
             skip = not sync or (not last and not args.no_sync_accum)
             with accelerator.no_sync(wrapped) if skip else contextlib.nullcontext():
-                forward_backward(x, y)
+                loss = loss + forward_backward(x, y)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss
 
-    def timed(sync: bool) -> dict:
+    def timed(sync: bool, losses: list | None = None) -> dict:
         sw = Stopwatch(warmup_steps=args.warmup, tokens_per_step=tokens_per_step, device=device)
         accelerator.wait_for_everyone()
         for i in range(args.warmup + args.steps):
             with sw.step():
-                step(i, sync)
+                loss = step(i, sync)
+            if losses is not None:
+                losses.append(loss)  # read after the loop: a .item() here would sync every step
         return sw.summary()
 
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    s = timed(sync=True)
+    step_losses: list = []
+    s = timed(sync=True, losses=step_losses)
     mine = {"rank": rank, "device": str(device), "tokens_per_s": s["tokens_per_s"], "steps": s["steps"],
             "warmup_steps": s["warmup_steps"], "timing_method": s["method"], "median_ms": s["median_ms"],
             "p20_ms": s["p20_ms"], "p80_ms": s["p80_ms"], "mean_ms": s["mean_ms"], "std_ms": s["std_ms"],
             "total_s": s["total_s"], "step_times_ms": s["step_times_ms"],
             "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if on_cuda else None,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if on_cuda else None}
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if on_cuda else None,
+            "loss_per_step": [float(v) for v in step_losses]}
     if dist["sharding_strategy"] == "DDP (replicated)":  # every replica must hold the same weights after synced steps
         with torch.no_grad():
             mine["param_checksum"] = float(sum(p.double().sum() for p in wrapped.parameters()))
@@ -450,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--ddp-optimizer python_reducer is a DDP mode; launch with the DDP config, not an FSDP one")
         if args.comm_hook == "bf16" and _cpu_run():
             raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
+        if args.comm_reorder == "overlap" and _cpu_run():
+            raise UsageError("--comm-reorder overlap needs CUDA GPUs (the overlap scheduler times kernels through "
+                             "Triton's GPU driver); on a CPU use --comm-reorder passes")
         res = run(args, baseline)
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

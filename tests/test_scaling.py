@@ -48,11 +48,13 @@ def test_curves_group_runs_and_start_at_the_one_gpu_run(tmp_path):
               big=train(2, 99.0, bucket_mb=200, bucket_view=True, comm_hook="bf16"),
               noopt=train(2, 97.0, compile_=True, ddp_optimizer="no_optimization"),
               reorder=train(2, 96.0, compile_=True, ddp_optimizer="python_reducer", comm_reorder=True),
+              overlap=train(2, 96.5, compile_=True, ddp_optimizer="python_reducer", comm_reorder="overlap"),
               notes={"something": "else"})  # other JSONs are skipped
     c = by_label(scaling.training_curves([d]))
     assert set(c) == {"eager DDP", "eager FSDP FULL_SHARD", "eager FSDP2 FULL_SHARD", "eager DDP, NCCL_P2P_DISABLE=1",
                       "eager DDP, 200 MB buckets, bucket views, bf16 hook", "compiled DDP, optimize_ddp=no_optimization",
-                      "compiled DDP, optimize_ddp=python_reducer, comm reorder"}
+                      "compiled DDP, optimize_ddp=python_reducer, comm reorder",
+                      "compiled DDP, optimize_ddp=python_reducer, overlap scheduler"}
     assert c["eager DDP"].per_device == {1: 100.0, 2: 98.0, 4: 90.0}
     assert c["eager DDP"].efficiency() == {1: 1.0, 2: 0.98, 4: 0.9}
     assert c["eager DDP"].exposed_comm == {2: 0.02, 4: 0.06}

@@ -70,6 +70,19 @@ def test_ddp_two_cpu_processes(ddp_run):
     assert r["per_rank"][0]["param_checksum"] == r["per_rank"][1]["param_checksum"] != 0.0
 
 
+def test_ddp_loss_per_step(ddp_run):
+    """Each rank's loss for every synchronised step (warm-up included), read once the loop ended.
+    Random GPT-2 weights predict nearly uniformly, so the first loss is close to ln(vocab)."""
+    import math
+
+    for x in ddp_run["per_rank"]:
+        losses = x["loss_per_step"]
+        assert len(losses) == 1 + 3 and all(math.isfinite(v) for v in losses)
+        assert losses[0] == pytest.approx(math.log(4096), abs=0.5)
+    # the ranks train on disjoint shards, so their losses differ
+    assert ddp_run["per_rank"][0]["loss_per_step"] != ddp_run["per_rank"][1]["loss_per_step"]
+
+
 def test_ddp_profile_per_rank(ddp_run):
     """--profile: each rank profiled its own steps and kept its trace; gloo runs no GPU kernels,
     so there is no communication kernel to measure (comm is None, not zero)."""
@@ -189,7 +202,7 @@ def test_python_reducer_refuses_fsdp(monkeypatch, capsys, tmp_path):
 
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
                     reason="torch.compile on a CPU needs a C++ compiler")
-@pytest.mark.parametrize("reorder", [False, True], ids=["as_compiled", "comm_reorder"])
+@pytest.mark.parametrize("reorder", [None, "passes"], ids=["as_compiled", "comm_reorder"])
 def test_python_reducer_compiled_on_two_cpu_processes(tmp_path, reorder):
     """The Compiled Autograd path the 2-GPU run takes, on gloo: the backward is captured, the
     all-reduces it traced keep the replicas identical, and the mode is recorded; the same with
@@ -199,13 +212,13 @@ def test_python_reducer_compiled_on_two_cpu_processes(tmp_path, reorder):
     cmd = [*LAUNCH, "--config_file", str(CONFIGS / "ddp.yaml"), "--num_processes", "2",
            "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
            str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
-           "--steps", "2", "--warmup", "1", "--compile", "--ddp-optimizer", "python_reducer"] + ["--comm-reorder"] * reorder
+           "--steps", "2", "--warmup", "1", "--compile", "--ddp-optimizer", "python_reducer"] + (["--comm-reorder"] if reorder else [])
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["dynamo_optimize_ddp"] == "python_reducer" and r["compiled_autograd"] is True
     assert r["dynamo_counters"]["compiled_autograd_captures"] >= 1
-    assert r["replicas_identical"] is True and r["config"]["comm_reorder"] is reorder
+    assert r["replicas_identical"] is True and r["config"]["comm_reorder"] == reorder
 
 
 def test_comm_reorder_needs_python_reducer(capsys, tmp_path):
@@ -229,10 +242,28 @@ def test_baseline_must_be_the_same_program(capsys, tmp_path, base_cfg, base_extr
 
 
 def test_comm_reorder_refused_on_a_torch_without_the_passes(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(tmg, "_missing_comm_reorder_pass", lambda: "sink_waits_iterative")
+    import torch._inductor.comms as comms
+
+    monkeypatch.delattr(comms, "sink_waits_iterative")  # as on a torch from before the pass
     rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile",
                    "--ddp-optimizer", "python_reducer", "--comm-reorder"])
-    _one_line_error(capsys, rc, "no Inductor pass sink_waits_iterative; drop --comm-reorder")
+    _one_line_error(capsys, rc, "no Inductor pass sink_waits_iterative; drop --comm-reorder passes")
+
+
+def test_overlap_scheduler_refused_on_a_torch_without_it(monkeypatch, capsys, tmp_path):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.delattr(inductor_config.aten_distributed_optimizations, "enable_overlap_scheduling")
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile",
+                   "--ddp-optimizer", "python_reducer", "--comm-reorder", "overlap"])
+    _one_line_error(capsys, rc, "no Inductor setting aten_distributed_optimizations.enable_overlap_scheduling")
+
+
+def test_overlap_scheduler_refused_on_a_cpu(capsys, tmp_path):
+    """It estimates kernel times through Triton's GPU driver: on gloo it failed deep inside Inductor."""
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile",
+                   "--ddp-optimizer", "python_reducer", "--comm-reorder", "overlap"])
+    _one_line_error(capsys, rc, "--comm-reorder overlap needs CUDA GPUs")
 
 
 def test_missing_out_folder(capsys, tmp_path):

@@ -101,8 +101,9 @@ def _way(data: dict) -> str:
             parts.append(f"{cfg['comm_hook']} hook")
         if cfg.get("ddp_optimizer", "ddp_optimizer") != "ddp_optimizer":
             parts.append(f"optimize_ddp={cfg['ddp_optimizer']}")
-        if cfg.get("comm_reorder"):
-            parts.append("comm reorder")
+        reorder = cfg.get("comm_reorder")  # True in JSON written before the overlap scheduler was an option
+        if reorder:
+            parts.append("overlap scheduler" if reorder == "overlap" else "comm reorder")
         if cfg.get("no_sync_accum"):
             parts.append("all-reduce every micro-batch")
     parts += _overrides(data)
