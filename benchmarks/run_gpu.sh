@@ -32,6 +32,8 @@ torch.cuda.synchronize()" & load=$!
       run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce.json" ;;
     multigpu) n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_ddp_1gpu.json" --bf16 --compile
+      # the same step compiled as a function returning only the loss (the model's logits stay inside the graph)
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_scope_loss_1gpu.json" --bf16 --compile --compile-scope loss
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_${n}gpu.json" --bf16 --compile --measure-comm --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_bf16hook_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --comm-hook bf16 --baseline "$out/p2_ddp_1gpu.json"

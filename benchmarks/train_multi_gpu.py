@@ -50,6 +50,14 @@ passes ``torch/_inductor/config.py`` recommends; ``overlap`` runs the newer over
 (``aten_distributed_optimizations.enable_overlap_scheduling``), which estimates each kernel's
 and each collective's time and issues collectives early enough to hide them.
 
+``--compile-scope`` says what ``--compile`` wraps: ``model`` (the default) compiles the prepared
+model, so everything the Hugging Face forward returns leaves the compiled graph, the
+``[batch, seq, vocab]`` logits included; ``loss`` compiles a function that returns only the loss,
+so Inductor need not hand the logits back (``python_reducer`` always compiles the whole step).
+It is for one process: under DDP, Dynamo does not trace into the wrapper's forward, so it
+compiles the wrapped model's forward as with ``model`` (seen on two gloo processes: a graph
+break and the logits returned), and the script refuses it.
+
 Every run records rank 0's training loss for each synchronised step (``loss_per_step``; kept on
 the GPU until the timed loop ends, so no step waits for it): runs under different compile modes
 can then be compared on what they learn, not only on speed.
@@ -103,6 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30, help="measured optimizer steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compile, allocator)")
     p.add_argument("--compile", action="store_true", help="torch.compile the prepared model")
+    p.add_argument("--compile-scope", choices=("model", "loss"), default="model",
+                   help="what --compile wraps: the model (its outputs, logits included, leave the graph) or a "
+                        "function returning only the loss")
     p.add_argument("--bf16", action="store_true", help="Accelerate mixed_precision='bf16' (overrides the config)")
     p.add_argument("--bucket-mb", type=int, default=25, help="DDP bucket_cap_mb (PyTorch's default 25)")
     p.add_argument("--bucket-view", action="store_true", help="DDP gradient_as_bucket_view=True (no grad copy)")
@@ -151,6 +162,9 @@ def validate(args: argparse.Namespace) -> dict | None:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
     if args.ddp_optimizer != "ddp_optimizer" and not args.compile:
         raise UsageError(f"--ddp-optimizer {args.ddp_optimizer} only changes how torch.compile splits the graph; add --compile")
+    if args.compile_scope != "model" and (not args.compile or args.ddp_optimizer == "python_reducer"):
+        raise UsageError("--compile-scope loss changes what --compile wraps; add --compile (python_reducer always "
+                         "compiles the whole step)")
     if args.comm_reorder and args.ddp_optimizer != "python_reducer":
         raise UsageError("--comm-reorder reorders the all-reduces Compiled Autograd traced; add --compile --ddp-optimizer python_reducer")
     if args.comm_reorder and _missing_comm_reorder(args.comm_reorder):
@@ -179,6 +193,10 @@ def validate(args: argparse.Namespace) -> dict | None:
         if base.get("config", {}).get(key, False if key == "compile" else None) != getattr(args, key):
             raise UsageError(f"--baseline {args.baseline} has {key}={base.get('config', {}).get(key)!r}, "
                              f"this run {getattr(args, key)!r}: compare like with like")
+    base_scope = base.get("config", {}).get("compile_scope") or "model"  # absent before the option; None if eager
+    if base_scope != args.compile_scope:
+        raise UsageError(f"--baseline {args.baseline} has compile_scope={base_scope!r}, this run "
+                         f"{args.compile_scope!r}: compare like with like")
     mine_ca = args.compile and args.ddp_optimizer == "python_reducer"
     if bool(base.get("compiled_autograd")) != mine_ca:
         raise UsageError(f"--baseline {args.baseline} {'ran' if base.get('compiled_autograd') else 'did not run'} "
@@ -350,13 +368,19 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     model, opt = accelerator.prepare(model, opt)
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
     dist = _distributed_info(accelerator, wrapped)
-    if args.compile and not python_reducer:
+    if args.compile and not python_reducer and args.compile_scope == "model":
         model = torch.compile(model)
     batches = _batches(args, rank, world, cfg.vocab_size, device)
     tokens_per_step = args.batch_per_device * args.seq * args.grad_accum
 
+    def loss_of(x, y):
+        return model(input_ids=x, labels=y).loss
+
+    if args.compile and not python_reducer and args.compile_scope == "loss":  # only the loss leaves the graph
+        loss_of = torch.compile(loss_of)
+
     def forward_backward(x, y):
-        loss = model(input_ids=x, labels=y).loss / args.grad_accum
+        loss = loss_of(x, y) / args.grad_accum
         accelerator.backward(loss)  # under --bf16 (no loss scaler) this is loss.backward()
         return loss.detach()
 
@@ -427,7 +451,8 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     res = {
         "world_size": world, **dist, "mixed_precision": accelerator.mixed_precision,
         "config": {"preset": args.preset, "batch_per_device": args.batch_per_device, "seq": args.seq,
-                   "steps": args.steps, "warmup": args.warmup, "compile": args.compile, "bf16": args.bf16,
+                   "steps": args.steps, "warmup": args.warmup, "compile": args.compile,
+                   "compile_scope": args.compile_scope if args.compile else None, "bf16": args.bf16,
                    "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum,
                    "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view, "comm_hook": args.comm_hook,
                    "ddp_optimizer": args.ddp_optimizer, "comm_reorder": args.comm_reorder},
@@ -479,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--ddp-optimizer python_reducer is a DDP mode; launch with the DDP config, not an FSDP one")
         if args.comm_hook == "bf16" and _cpu_run():
             raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
+        if args.compile_scope == "loss" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UsageError("--compile-scope loss is for one process: Dynamo does not trace into the DDP/FSDP wrapper, "
+                             "so the wrapped model's forward is compiled with its logits as before")
         if args.comm_reorder == "overlap" and _cpu_run():
             raise UsageError("--comm-reorder overlap needs CUDA GPUs (the overlap scheduler times kernels through "
                              "Triton's GPU driver); on a CPU use --comm-reorder passes")

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,6 +220,42 @@ def test_python_reducer_compiled_on_two_cpu_processes(tmp_path, reorder):
     assert r["dynamo_optimize_ddp"] == "python_reducer" and r["compiled_autograd"] is True
     assert r["dynamo_counters"]["compiled_autograd_captures"] >= 1
     assert r["replicas_identical"] is True and r["config"]["comm_reorder"] == reorder
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="torch.compile on a CPU needs a C++ compiler")
+def test_compile_scope_loss_trains_the_same(tmp_path):
+    """--compile-scope loss compiles a function that returns only the loss instead of the model
+    (whose outputs, logits included, leave the graph): the same computation, so in fp32 on a CPU
+    the losses step for step are equal; a baseline compiled the other way is refused."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for scope in ("model", "loss"):
+        out = tmp_path / f"{scope}.json"
+        cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2",
+               "--seq", "32", "--steps", "2", "--warmup", "1", "--compile", "--compile-scope", scope]
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[scope] = json.loads(out.read_text())
+    assert runs["loss"]["config"]["compile_scope"] == "loss" and runs["model"]["config"]["compile_scope"] == "model"
+    assert runs["loss"]["dynamo_counters"]["unique_graphs"] >= 1
+    assert runs["loss"]["per_rank"][0]["loss_per_step"] == pytest.approx(runs["model"]["per_rank"][0]["loss_per_step"],
+                                                                          rel=1e-5)
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny",
+                        "--batch-per-device", "2", "--seq", "32", "--compile", "--compile-scope", "loss",
+                        "--baseline", str(tmp_path / "model.json")], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 2 and "has compile_scope='model', this run 'loss'" in p.stderr
+
+
+def test_compile_scope_needs_compile(capsys, tmp_path):
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile-scope", "loss"])
+    _one_line_error(capsys, rc, "--compile-scope loss changes what --compile wraps; add --compile")
+
+
+def test_compile_scope_loss_is_for_one_process(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it for each of two processes
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile", "--compile-scope", "loss"])
+    _one_line_error(capsys, rc, "--compile-scope loss is for one process")
 
 
 def test_comm_reorder_needs_python_reducer(capsys, tmp_path):
