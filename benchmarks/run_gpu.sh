@@ -56,6 +56,13 @@ torch.cuda.synchronize()" & load=$!
       # its all-reduces ran after the backward (0% overlap in a profile): let Inductor move them among the kernels
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_reorder_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --comm-reorder passes --profile "$out/prof_pyred_reorder" --baseline "$out/p2_pyred_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_pyred_b200_overlap_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --ddp-optimizer python_reducer --comm-reorder overlap --profile "$out/prof_pyred_overlap" --baseline "$out/p2_pyred_1gpu.json"
+      # DeepSpeed ZeRO where installed, eager (the engine holds bf16 weights with fp32 masters: against ZeRO on one GPU)
+      if python -c "import deepspeed" 2>/dev/null; then
+        for z in 1 2 3; do
+          run accelerate launch --config_file $cfg/deepspeed_zero$z.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_zero${z}_1gpu.json" --bf16
+          run accelerate launch --config_file $cfg/deepspeed_zero$z.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_zero${z}_${n}gpu.json" --bf16 --baseline "$out/p2_zero${z}_1gpu.json"
+        done
+      else echo "deepspeed not installed: ZeRO runs skipped (pip install deepspeed)" | tee -a "$out/skipped.txt"; fi
       # compiled FSDP against compiled FSDP on one GPU (bf16 weights under Accelerate's policy, see below)
       for v in fsdp fsdp2; do
         run accelerate launch --config_file $cfg/${v}_full_shard.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_${v}_1gpu.json" --bf16 --compile

@@ -69,6 +69,13 @@ how much of it ran next to compute kernels and how much the GPU spent on it alon
 
 The NCCL/NVSHMEM multicast variables are set (``setdefault``) before torch is imported:
 NVLink multicast can take a shared host's GPUs out of service (shared/REFERENCE.md).
+A DeepSpeed config (``benchmarks/accelerate/deepspeed_zero{1,2,3}.yaml``; DeepSpeed ZeRO where
+installed) runs the same loop: ``accelerator.backward`` then has the engine reduce, step and
+zero the gradients, and the prepared optimizer's ``step`` does nothing. The script gives
+DeepSpeed the micro-batch (no DataLoader goes through ``prepare``) and turns off the gradient
+clipping Accelerate would otherwise add, and refuses the DDP and compile options. On a CPU it is
+refused with one line, like FSDP: Accelerate 1.15 either replaces it by plain multi-CPU DDP or,
+told it is not a CPU run, reports every rank as process 0 of 1 (tried on two gloo processes).
 FSDP on a CPU is refused with one line: Accelerate 1.15 switches to FSDP only for GPU-like
 distributed types (``accelerate/state.py``), so an FSDP config on gloo would silently run as
 plain multi-CPU DDP. On a CPU machine launch the DDP config: ``accelerate launch --cpu
@@ -147,7 +154,8 @@ def check_config(path: Path) -> dict:
         raise UsageError(f"config file {path} is not a valid Accelerate config: {exc}") from None
     return {"distributed_type": str(cfg.distributed_type.value if hasattr(cfg.distributed_type, "value")
                                     else cfg.distributed_type),
-            "num_processes": cfg.num_processes, "fsdp_config": cfg.fsdp_config or None}
+            "num_processes": cfg.num_processes, "fsdp_config": cfg.fsdp_config or None,
+            "deepspeed_config": cfg.deepspeed_config or None}
 
 
 def validate(args: argparse.Namespace) -> dict | None:
@@ -212,6 +220,22 @@ def _cpu_run() -> bool:
     return os.environ.get("ACCELERATE_USE_CPU", "false").lower() == "true" or not torch.cuda.is_available()
 
 
+def _check_deepspeed(args: argparse.Namespace) -> None:
+    """A DeepSpeed config: DeepSpeed must be installed, and the options that drive DDP or
+    torch.compile are refused rather than silently ignored (the engine steps and syncs itself)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        raise UsageError("this is a DeepSpeed config and deepspeed is not installed: pip install deepspeed, "
+                         "or launch the DDP or FSDP config")
+    for flag, on in (("--compile", args.compile), ("--measure-comm", args.measure_comm),
+                     ("--grad-accum", args.grad_accum != 1), ("--comm-hook", args.comm_hook != "none"),
+                     ("--bucket-view", args.bucket_view), ("--no-sync-accum", args.no_sync_accum)):
+        if on:
+            raise UsageError(f"{flag} is a DDP/torch.compile option; under DeepSpeed the engine syncs and steps "
+                             f"itself: drop {flag}")
+
+
 def _fsdp_on_cpu() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and _cpu_run()
 
@@ -248,6 +272,17 @@ def _distributed_info(accelerator, wrapped=None) -> dict:
         # (param_dtype/reduce_dtype): fewer casts per step than a 1-GPU autocast run, so compare
         # FSDP against FSDP on one GPU
         info["fsdp_mixed_precision"] = str(getattr(plugin, "mixed_precision_policy", None))
+    elif info["distributed_type"] == "DEEPSPEED":  # read back from the engine when there is one
+        stage = wrapped.zero_optimization_stage() if hasattr(wrapped, "zero_optimization_stage") else \
+            accelerator.state.deepspeed_plugin.zero_stage
+        info["sharding_strategy"] = f"DeepSpeed ZeRO-{stage}"
+        if hasattr(wrapped, "bfloat16_enabled"):
+            import deepspeed
+
+            info["deepspeed"] = {"version": deepspeed.__version__, "zero_stage": stage,
+                                 "bf16_weights": bool(wrapped.bfloat16_enabled()),
+                                 "micro_batch_per_gpu": wrapped.train_micro_batch_size_per_gpu(),
+                                 "gradient_clipping": wrapped.gradient_clipping()}
     elif accelerator.num_processes == 1:
         info["sharding_strategy"] = "none (one process, no wrapper)"
     elif accelerator.distributed_type.value in ("MULTI_GPU", "MULTI_CPU"):
@@ -348,6 +383,13 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     # (Accelerate picks MULTI_CPU only when told cpu; `accelerate launch --cpu` alone starts one process)
     accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else None, cpu=not torch.cuda.is_available(),
                               kwargs_handlers=[ddp_kwargs])
+    if accelerator.distributed_type.value == "DEEPSPEED":  # no DataLoader goes through prepare to infer it from
+        ds_cfg = accelerator.state.deepspeed_plugin.deepspeed_config
+        ds_cfg["train_micro_batch_size_per_gpu"] = args.batch_per_device
+        ds_cfg["train_batch_size"] = args.batch_per_device * accelerator.num_processes  # DeepSpeed checks the product
+        # left "auto", Accelerate fills in clipping at 1.0 (Accelerator.prepare_deepspeed); the DDP and
+        # FSDP runs do not clip, and clipping adds a global norm (a reduction and a pass over the grads)
+        ds_cfg["gradient_clipping"] = 0.0
     dist = _distributed_info(accelerator)
     if args.measure_comm and dist["distributed_type"] not in ("MULTI_GPU", "MULTI_CPU"):
         raise UsageError(f"--measure-comm needs DDP with 2+ processes, this run is {dist['distributed_type']}")
@@ -421,7 +463,8 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
             "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if on_cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if on_cuda else None,
             "loss_per_step": [float(v) for v in step_losses]}
-    if dist["sharding_strategy"] == "DDP (replicated)":  # every replica must hold the same weights after synced steps
+    # every replica must hold the same weights after synced steps (DDP; ZeRO-1 and -2 replicate the weights too)
+    if dist["sharding_strategy"] in ("DDP (replicated)", "DeepSpeed ZeRO-1", "DeepSpeed ZeRO-2") and world > 1:
         with torch.no_grad():
             mine["param_checksum"] = float(sum(p.double().sum() for p in wrapped.parameters()))
     if args.profile is not None:
@@ -502,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("FSDP needs CUDA GPUs here (NCCL); on a CPU run the DDP config or no config")
         if args.ddp_optimizer == "python_reducer" and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
             raise UsageError("--ddp-optimizer python_reducer is a DDP mode; launch with the DDP config, not an FSDP one")
+        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+            if _cpu_run():
+                raise UsageError("DeepSpeed needs CUDA GPUs here: on a CPU, Accelerate 1.15 either drops it for plain "
+                                 "multi-CPU DDP or reports every rank as process 0 of 1; on a CPU launch the DDP config")
+            _check_deepspeed(args)
         if args.comm_hook == "bf16" and _cpu_run():
             raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
         if args.compile_scope == "loss" and int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -107,6 +107,16 @@ def test_shipped_h200_runs_agree_with_their_own_efficiency(study):
                 assert c.efficiency()[n] == pytest.approx(own, rel=1e-12)
 
 
+def test_deepspeed_runs_make_their_own_curve(tmp_path):
+    """A ZeRO stage on one GPU and on two: one curve, labelled by the stage the engine reported."""
+    zero = {"strategy": "DeepSpeed ZeRO-2", "dist": "DEEPSPEED"}
+    d = write(tmp_path / "ds", one=dict(train(1, 100.0), distributed_type="DEEPSPEED", sharding_strategy="DeepSpeed ZeRO-2"),
+              two=train(2, 95.0, **zero), ddp=train(2, 98.0))
+    c = by_label(scaling.training_curves([d]))
+    assert c["eager DeepSpeed ZeRO-2"].efficiency() == {1: 1.0, 2: 0.95}
+    assert c["eager DDP"].per_device == {2: 98.0}  # the ZeRO run on one GPU is not its base
+
+
 def test_allreduce_rows_and_bad_files(tmp_path):
     ar = {"benchmark": "allreduce", "world_size": 2, "backend": "nccl", "env": {"NCCL_P2P_DISABLE": "1"},
           "results": [{"bytes": 2**30, "busbw_gbs": 27.2}, {"bytes": 2**20, "busbw_gbs": 15.9}]}

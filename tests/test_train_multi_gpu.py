@@ -159,6 +159,55 @@ def test_fsdp_refused_on_cpu(monkeypatch, capsys, tmp_path):
     _one_line_error(capsys, rc, "FSDP needs CUDA")
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_configs_reach_the_launch_environment(stage):
+    """Each ZeRO config parses with Accelerate's loader, and `accelerate launch` hands its
+    processes DeepSpeed with that stage (what Accelerate's DeepSpeedPlugin reads)."""
+    cfg = tmg.check_config(CONFIGS / f"deepspeed_zero{stage}.yaml")
+    assert cfg["distributed_type"] == "DEEPSPEED" and cfg["deepspeed_config"]["zero_stage"] == stage
+    assert "gradient_clipping" not in cfg["deepspeed_config"]  # the script turns clipping off itself
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(CONFIGS / f"deepspeed_zero{stage}.yaml"),
+                                               "--num_processes", "2", "x.py"])
+    args, defaults, _ = _validate_launch_command(args)
+    # launch_command lists the DeepSpeed fields the config file set before it calls the launcher
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+    _, env = prepare_deepspeed_cmd_env(args)
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == str(stage)
+
+
+def test_deepspeed_refused_on_cpu(monkeypatch, capsys, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("DeepSpeed runs on this machine")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny"])
+    _one_line_error(capsys, rc, "DeepSpeed needs CUDA GPUs here")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    ([], "deepspeed is not installed: pip install deepspeed"),
+    (["--compile"], "--compile is a DDP/torch.compile option"),
+    (["--measure-comm"], "drop --measure-comm"),
+    (["--grad-accum", "2"], "drop --grad-accum"),
+])
+def test_deepspeed_checks_on_a_gpu_machine(monkeypatch, capsys, tmp_path, argv, needle):
+    """As on a GPU machine: DeepSpeed missing, or an option the engine would silently ignore."""
+    import importlib.util
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setattr(tmg, "_cpu_run", lambda: False)
+    installed = bool(argv)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if installed else None) if name == "deepspeed" else real(name, *a))
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", *argv])
+    _one_line_error(capsys, rc, needle)
+
+
 def test_bf16_comm_hook_refused_on_cpu(capsys, tmp_path):
     import torch
 
