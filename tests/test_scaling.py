@@ -43,7 +43,10 @@ def by_label(curves):
 
 def test_curves_group_runs_and_start_at_the_one_gpu_run(tmp_path):
     d = write(tmp_path / "study", one=train(1, 100.0), ddp2=train(2, 98.0, comm=0.02), ddp4=train(4, 90.0, comm=0.06),
+              fsdp_one=dict(train(1, 100.0), distributed_type="FSDP", sharding_strategy="NO_SHARD", fsdp_version=1),
               fsdp2=train(2, 80.0, strategy="FULL_SHARD", dist="FSDP"),
+              fully_shard_one=dict(train(1, 110.0), distributed_type="FSDP", sharding_strategy="FULL_SHARD",
+                                   fsdp_version=2),
               fully_shard=dict(train(2, 85.0, strategy="FULL_SHARD", dist="FSDP"), fsdp_version=2),
               p2p=train(2, 93.0, env={"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": None}),
               big=train(2, 99.0, bucket_mb=200, bucket_view=True, comm_hook="bf16"),
@@ -60,6 +63,8 @@ def test_curves_group_runs_and_start_at_the_one_gpu_run(tmp_path):
     assert c["eager DDP"].efficiency() == {1: 1.0, 2: 0.98, 4: 0.9}
     assert c["eager DDP"].exposed_comm == {2: 0.02, 4: 0.06}
     assert c["eager FSDP FULL_SHARD"].efficiency()[2] == 0.8
+    # each FSDP version scales from itself on one process, not from the plain 1-GPU run
+    assert c["eager FSDP2 FULL_SHARD"].per_device == {1: 110.0, 2: 85.0}
     table = scaling.markdown_table(scaling.training_curves([d]))
     assert "| study | eager DDP" not in table and "| study | gpt2-small, batch 16 x 1024, bf16 | eager DDP | 4 | 90 | 90.0% | 6.0% |" in table
 
@@ -92,7 +97,10 @@ def test_compiled_autograd_and_cta_caps_start_their_own_curves(tmp_path):
 def test_look_alike_runs_are_both_kept(tmp_path):
     d = write(tmp_path / "s", one=train(1, 100.0), fsdp_a=train(2, 50.0, strategy="FULL_SHARD", dist="FSDP"),
               fsdp_b=train(2, 55.0, strategy="FULL_SHARD", dist="FSDP"))
-    assert sorted(c.per_device[2] for c in scaling.training_curves([d])) == [50.0, 55.0]
+    curves = scaling.training_curves([d])
+    assert sorted(c.per_device[2] for c in curves if 2 in c.per_device) == [50.0, 55.0]
+    # no FSDP run on one process here: the plain one is not borrowed, it stays a point of its own
+    assert [c.label for c in curves if 2 not in c.per_device] == ["eager, 1 GPU"]
 
 
 @pytest.mark.parametrize("study", [RECORDED, RECORDED_S4, *RECORDED_S5, *RECORDED_S6], ids=lambda p: f"{p.parent.name}/{p.name}")

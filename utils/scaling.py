@@ -121,12 +121,24 @@ def _compiled_autograd(data: dict) -> bool:
     return bool(data.get("compiled_autograd")) or data["config"].get("ddp_optimizer") == "python_reducer"
 
 
+def _family(data: dict) -> str:
+    """Which wrapper ran, for pairing a curve with its one-process run: a plain 1-GPU run is the
+    base of DDP; FSDP (by version) and each DeepSpeed ZeRO stage are compared with themselves on
+    one GPU (their one-process runs hold bf16 weights, unlike a plain autocast run)."""
+    dist = str(data.get("distributed_type"))
+    if dist == "FSDP":
+        return f"FSDP{data.get('fsdp_version') or 1}"
+    if dist == "DEEPSPEED":
+        return str(data.get("sharding_strategy", "DeepSpeed"))
+    return "DDP"
+
+
 def training_curves(paths) -> list[Curve]:
     """Curves from train_multi_gpu.py results among ``paths`` (files or folders; other JSONs
     skipped). Each folder is one study: curves of different folders are kept apart. A curve's
     1-GPU point is the baseline its runs were measured against (``--baseline``), else the
-    folder's one-process run of the same shape, compile setting and autograd (plain or Compiled
-    Autograd)."""
+    folder's one-process run of the same shape, compile setting, autograd (plain or Compiled
+    Autograd) and wrapper family (:func:`_family`)."""
     singles: dict[tuple, dict] = {}
     multi: list[dict] = []
     for f in _files(paths):
@@ -148,7 +160,7 @@ def training_curves(paths) -> list[Curve]:
             raise ScalingDataError(f"{f}: world_size {data['world_size']} and tokens/s per device "
                                    f"{data['tokens_per_s_per_device']} are not a measured run")
         cfg = data["config"]
-        key = (data["_source"], _shape(cfg), bool(cfg.get("compile")), _compiled_autograd(data))
+        key = (data["_source"], _shape(cfg), bool(cfg.get("compile")), _compiled_autograd(data), _family(data))
         if data["world_size"] == 1:
             singles[key] = data
         else:
@@ -162,7 +174,8 @@ def training_curves(paths) -> list[Curve]:
         if n in c.per_device:  # two runs that look alike (say, two configs that ran the same strategy): keep both
             way = f"{way} [{Path(data['_file']).stem}]"
             c = curves.setdefault((src, shape, way), Curve(way, shape, source=src))
-        single_of[(src, shape, way)] = (src, shape, bool(data["config"].get("compile")), _compiled_autograd(data))
+        single_of[(src, shape, way)] = (src, shape, bool(data["config"].get("compile")), _compiled_autograd(data),
+                                        _family(data))
         c.per_device[n] = float(data["tokens_per_s_per_device"])
         c.files[n] = data["_file"]
         if data.get("exposed_comm_share") is not None:
@@ -176,10 +189,11 @@ def training_curves(paths) -> list[Curve]:
         if 1 not in c.per_device and one is not None:
             c.per_device[1] = float(one["tokens_per_s_per_device"])
             c.files[1] = one["_file"]
-    for (src, shape, compiled, autograd), one in singles.items():  # a 1-GPU run no curve uses: a curve of one point
+    for (src, shape, compiled, autograd, family), one in singles.items():  # a 1-GPU run no curve uses: one point
         used = {c.per_device.get(1) for c in curves.values() if c.source == src and c.shape == shape}
         if float(one["tokens_per_s_per_device"]) not in used:
-            way = ("compiled" if compiled else "eager") + (", Compiled Autograd" if autograd else "") + ", 1 GPU"
+            way = ("compiled" if compiled else "eager") + ("" if family == "DDP" else f" {family}") + \
+                (", Compiled Autograd" if autograd else "") + ", 1 GPU"
             curves[(src, shape, way)] = Curve(way, shape, {1: float(one["tokens_per_s_per_device"])}, {}, {1: one["_file"]},
                                               source=src)
     return sorted(curves.values(), key=lambda c: (c.source, c.shape, c.label))
