@@ -76,6 +76,10 @@ DeepSpeed the micro-batch (no DataLoader goes through ``prepare``) and turns off
 clipping Accelerate would otherwise add, and refuses the DDP and compile options. On a CPU it is
 refused with one line, like FSDP: Accelerate 1.15 either replaces it by plain multi-CPU DDP or,
 told it is not a CPU run, reports every rank as process 0 of 1 (tried on two gloo processes).
+On one CPU process, where Accelerate's numbers are right, ZeRO-1 and ZeRO-2 gave the plain
+loop's losses to the last digit. ZeRO-3 starts from other random weights: transformers sees
+ZeRO-3 and builds the model under ``deepspeed.zero.Init``, which draws them in another order
+(same initialiser, std 0.02), so its losses are not comparable step by step.
 FSDP on a CPU is refused with one line: Accelerate 1.15 switches to FSDP only for GPU-like
 distributed types (``accelerate/state.py``), so an FSDP config on gloo would silently run as
 plain multi-CPU DDP. On a CPU machine launch the DDP config: ``accelerate launch --cpu
