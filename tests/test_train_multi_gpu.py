@@ -149,14 +149,18 @@ def test_ddp_config_parses():
     assert tmg.check_config(CONFIGS / "ddp.yaml")["distributed_type"] == "MULTI_GPU"
 
 
-def test_fsdp_refused_on_cpu(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("env, needle", [("ACCELERATE_USE_FSDP", "FSDP needs CUDA"),
+                                         ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed needs CUDA GPUs here")])
+def test_sharded_engines_refused_on_cpu(monkeypatch, capsys, tmp_path, env, needle):
+    """On CPU processes Accelerate would run plain DDP instead (or, for DeepSpeed, miscount the
+    ranks), so the script says so in one line."""
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("FSDP runs on this machine")
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        pytest.skip("FSDP and DeepSpeed run on this machine")
+    monkeypatch.setenv(env, "true")
     rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny"])
-    _one_line_error(capsys, rc, "FSDP needs CUDA")
+    _one_line_error(capsys, rc, needle)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -176,16 +180,6 @@ def test_deepspeed_configs_reach_the_launch_environment(stage):
     args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
     _, env = prepare_deepspeed_cmd_env(args)
     assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == str(stage)
-
-
-def test_deepspeed_refused_on_cpu(monkeypatch, capsys, tmp_path):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("DeepSpeed runs on this machine")
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny"])
-    _one_line_error(capsys, rc, "DeepSpeed needs CUDA GPUs here")
 
 
 @pytest.mark.parametrize("argv, needle", [
