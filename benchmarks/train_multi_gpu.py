@@ -58,7 +58,7 @@ It is for one process: under DDP, Dynamo does not trace into the wrapper's forwa
 compiles the wrapped model's forward as with ``model`` (seen on two gloo processes: a graph
 break and the logits returned), and the script refuses it.
 
-Every run records rank 0's training loss for each synchronised step (``loss_per_step``; kept on
+Every rank records its training loss for each synchronised step (``loss_per_step``; kept on
 the GPU until the timed loop ends, so no step waits for it): runs under different compile modes
 can then be compared on what they learn, not only on speed.
 
@@ -234,7 +234,8 @@ def _check_deepspeed(args: argparse.Namespace) -> None:
                          "or launch the DDP or FSDP config")
     for flag, on in (("--compile", args.compile), ("--measure-comm", args.measure_comm),
                      ("--grad-accum", args.grad_accum != 1), ("--comm-hook", args.comm_hook != "none"),
-                     ("--bucket-view", args.bucket_view), ("--no-sync-accum", args.no_sync_accum)):
+                     ("--bucket-view", args.bucket_view), ("--bucket-mb", args.bucket_mb != 25),
+                     ("--no-sync-accum", args.no_sync_accum)):
         if on:
             raise UsageError(f"{flag} is a DDP/torch.compile option; under DeepSpeed the engine syncs and steps "
                              f"itself: drop {flag}")

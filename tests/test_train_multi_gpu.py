@@ -187,6 +187,7 @@ def test_deepspeed_configs_reach_the_launch_environment(stage):
     (["--compile"], "--compile is a DDP/torch.compile option"),
     (["--measure-comm"], "drop --measure-comm"),
     (["--grad-accum", "2"], "drop --grad-accum"),
+    (["--bucket-mb", "200"], "drop --bucket-mb"),
 ])
 def test_deepspeed_checks_on_a_gpu_machine(monkeypatch, capsys, tmp_path, argv, needle):
     """As on a GPU machine: DeepSpeed missing, or an option the engine would silently ignore."""
