@@ -48,6 +48,8 @@ torch.cuda.synchronize()" & load=$!
         NCCL_MAX_CTAS=$c run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_ctas${c}_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
         NCCL_MAX_CTAS=$c run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce_ctas${c}.json"
       done
+      # NCCL on a high-priority CUDA stream: its blocks go first when the backward's kernels leave SMs free
+      TORCH_NCCL_HIGH_PRIORITY=1 run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_hiprio_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       # Compiled Autograd traces the all-reduces into the compiled backward (no graph breaks, overlap kept)
       # (against Compiled Autograd on one GPU: it alone made the 1-GPU step 13% faster, RESULTS.md)
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_pyred_1gpu.json" --bf16 --compile --ddp-optimizer python_reducer

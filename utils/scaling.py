@@ -19,8 +19,10 @@ from typing import Any
 
 from utils.distributed import scaling_efficiency
 
-# NCCL settings a run overrode: transports forced off, and the cap on the SMs (CTAs) a collective takes
-NCCL_OVERRIDES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS")
+# NCCL settings a run overrode: transports forced off, the SMs (CTAs) a collective takes, and
+# PyTorch's high-priority stream for NCCL (TORCH_NCCL_HIGH_PRIORITY, ProcessGroupNCCL.hpp)
+NCCL_OVERRIDES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS",
+                  "TORCH_NCCL_HIGH_PRIORITY")
 
 
 class ScalingDataError(ValueError):
