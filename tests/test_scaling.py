@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s3"
 RECORDED_S4 = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s4"
 RECORDED_S5 = [ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s5" / r for r in ("run1", "run2")]  # run3: profiles, no 1-GPU run
-RECORDED_S6 = [ROOT / "benchmarks" / "results" / "2026-12-01-h200x2-s6" / "run1"]
+RECORDED_S6 = [ROOT / "benchmarks" / "results" / "2026-12-01-h200x2-s6" / r for r in ("run1", "run2")]
 chart = load_script(ROOT / "benchmarks" / "scaling_chart.py")
 
 
