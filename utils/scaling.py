@@ -135,6 +135,12 @@ def _family(data: dict) -> str:
     return "DDP"
 
 
+def _base_key(data: dict) -> tuple:
+    """What a run must share with a one-process run of its folder to scale from it."""
+    return (data["_source"], _shape(data["config"]), bool(data["config"].get("compile")), _compiled_autograd(data),
+            _family(data))
+
+
 def training_curves(paths) -> list[Curve]:
     """Curves from train_multi_gpu.py results among ``paths`` (files or folders; other JSONs
     skipped). Each folder is one study: curves of different folders are kept apart. A curve's
@@ -161,10 +167,8 @@ def training_curves(paths) -> list[Curve]:
         if data["world_size"] < 1 or not data["tokens_per_s_per_device"] > 0:
             raise ScalingDataError(f"{f}: world_size {data['world_size']} and tokens/s per device "
                                    f"{data['tokens_per_s_per_device']} are not a measured run")
-        cfg = data["config"]
-        key = (data["_source"], _shape(cfg), bool(cfg.get("compile")), _compiled_autograd(data), _family(data))
         if data["world_size"] == 1:
-            singles[key] = data
+            singles[_base_key(data)] = data
         else:
             multi.append(data)
     curves: dict[tuple, Curve] = {}
@@ -176,8 +180,7 @@ def training_curves(paths) -> list[Curve]:
         if n in c.per_device:  # two runs that look alike (say, two configs that ran the same strategy): keep both
             way = f"{way} [{Path(data['_file']).stem}]"
             c = curves.setdefault((src, shape, way), Curve(way, shape, source=src))
-        single_of[(src, shape, way)] = (src, shape, bool(data["config"].get("compile")), _compiled_autograd(data),
-                                        _family(data))
+        single_of[(src, shape, way)] = _base_key(data)
         c.per_device[n] = float(data["tokens_per_s_per_device"])
         c.files[n] = data["_file"]
         if data.get("exposed_comm_share") is not None:
