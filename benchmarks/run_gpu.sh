@@ -48,6 +48,10 @@ torch.cuda.synchronize()" & load=$!
         NCCL_MAX_CTAS=$c run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_ctas${c}_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
         NCCL_MAX_CTAS=$c run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce_ctas${c}.json"
       done
+      # NCCL's CTA efficiency policy (NCCL 2.27+): as few CTAs as still give decent bandwidth, for overlap
+      NCCL_CTA_POLICY=1 run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b100_ctapolicy_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 100 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
+      # the loss scope inside DDP (only the loss leaves the compiled graph), against itself on one GPU
+      run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_scope_loss_b100_${n}gpu.json" --bf16 --compile --compile-scope loss --measure-comm --bucket-mb 100 --bucket-view --baseline "$out/p2_scope_loss_1gpu.json"
       # NCCL on a high-priority CUDA stream: its blocks go first when the backward's kernels leave SMs free
       TORCH_NCCL_HIGH_PRIORITY=1 run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_hiprio_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       # Compiled Autograd traces the all-reduces into the compiled backward (no graph breaks, overlap kept)

@@ -52,11 +52,14 @@ and each collective's time and issues collectives early enough to hide them.
 
 ``--compile-scope`` says what ``--compile`` wraps: ``model`` (the default) compiles the prepared
 model, so everything the Hugging Face forward returns leaves the compiled graph, the
-``[batch, seq, vocab]`` logits included; ``loss`` compiles a function that returns only the loss,
-so Inductor need not hand the logits back (``python_reducer`` always compiles the whole step).
-It is for one process: under DDP, Dynamo does not trace into the wrapper's forward, so it
-compiles the wrapped model's forward as with ``model`` (seen on two gloo processes: a graph
-break and the logits returned), and the script refuses it.
+``[batch, seq, vocab]`` logits included; ``loss`` wraps the model, before ``prepare``, in a module
+whose forward returns only the loss (``_loss_only``), so Inductor need not hand the logits back
+and autograd need not feed their backward a zero gradient (``python_reducer`` always compiles the
+whole step). The wrapper goes *inside* DDP because Dynamo does not trace DDP's own forward: it
+compiles the forward of the module DDP wraps, so compiling a loss function around the DDP model
+would still compile the Hugging Face forward with its logits (seen on two gloo processes: a
+graph break and the logits returned). FSDP's wrap policy reads the Hugging Face model's layer
+classes, so the loss scope is for DDP and one process only.
 
 Every rank records its training loss for each synchronised step (``loss_per_step``; kept on
 the GPU until the timed loop ends, so no step waits for it): runs under different compile modes
@@ -355,6 +358,24 @@ def _enable_comm_reorder(mode: str) -> None:
     inductor_config.reorder_for_compute_comm_overlap_passes = list(COMM_REORDER_PASSES)
 
 
+def _loss_only(model):
+    """``model`` inside a module whose forward returns only the Hugging Face loss. Compiled (or
+    compiled inside DDP), its graph's one output is the scalar loss: the ``[batch, seq, vocab]``
+    logits stay inside, where Inductor can fuse the cross-entropy into their producer. The model
+    is registered as the child ``inner``, so its parameters and their order are unchanged."""
+    import torch
+
+    class LossOnly(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, labels):
+            return self.inner(input_ids=input_ids, labels=labels).loss
+
+    return LossOnly(model)
+
+
 def _dynamo_counters() -> dict:
     """Rank 0's torch.compile tallies: Dynamo graphs and graph breaks, and how many backward
     graphs Compiled Autograd captured (0 unless ``--ddp-optimizer python_reducer``)."""
@@ -412,19 +433,19 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         torch._dynamo.config.compiled_autograd = python_reducer
     if args.comm_reorder:
         _enable_comm_reorder(args.comm_reorder)
+    loss_scope = args.compile and args.compile_scope == "loss"
+    if loss_scope:  # inside DDP's wrapper: the graph Dynamo compiles is then the one returning only the loss
+        model = _loss_only(model)
     model, opt = accelerator.prepare(model, opt)
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
     dist = _distributed_info(accelerator, wrapped)
-    if args.compile and not python_reducer and args.compile_scope == "model":
+    if args.compile and not python_reducer:
         model = torch.compile(model)
     batches = _batches(args, rank, world, cfg.vocab_size, device)
     tokens_per_step = args.batch_per_device * args.seq * args.grad_accum
 
     def loss_of(x, y):
-        return model(input_ids=x, labels=y).loss
-
-    if args.compile and not python_reducer and args.compile_scope == "loss":  # only the loss leaves the graph
-        loss_of = torch.compile(loss_of)
+        return model(x, y) if loss_scope else model(input_ids=x, labels=y).loss
 
     def forward_backward(x, y):
         loss = loss_of(x, y) / args.grad_accum
@@ -557,9 +578,9 @@ def main(argv: list[str] | None = None) -> int:
             _check_deepspeed(args)
         if args.comm_hook == "bf16" and _cpu_run():
             raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
-        if args.compile_scope == "loss" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise UsageError("--compile-scope loss is for one process: Dynamo does not trace into the DDP/FSDP wrapper, "
-                             "so the wrapped model's forward is compiled with its logits as before")
+        if args.compile_scope == "loss" and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+            raise UsageError("--compile-scope loss is for DDP and one process: FSDP's wrap policy reads the model's "
+                             "layer classes, which the loss wrapper hides; drop --compile-scope loss under FSDP")
         if args.comm_reorder == "overlap" and _cpu_run():
             raise UsageError("--comm-reorder overlap needs CUDA GPUs (the overlap scheduler times kernels through "
                              "Triton's GPU driver); on a CPU use --comm-reorder passes")

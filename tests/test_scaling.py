@@ -96,6 +96,21 @@ def test_compiled_autograd_and_cta_caps_start_their_own_curves(tmp_path):
     assert set(lone) == {"compiled, Compiled Autograd, 1 GPU"}
 
 
+def test_loss_scope_runs_start_their_own_curves(tmp_path):
+    """--compile-scope loss is another program on one GPU too (366k against 324k tokens/s on an
+    H200): its 2-GPU run scales from the loss-scope 1-GPU run, and a lone one is labelled."""
+    d = write(tmp_path / "s", one=train(1, 100.0, compile_=True, compile_scope="model"),
+              scope_one=train(1, 113.0, compile_=True, compile_scope="loss"),
+              scope_two=train(2, 108.0, compile_=True, compile_scope="loss", env={"NCCL_CTA_POLICY": "1"}),
+              plain_two=train(2, 95.0, compile_=True, compile_scope="model"))
+    c = by_label(scaling.training_curves([d]))
+    assert set(c) == {"compiled DDP", "compiled DDP, loss scope, NCCL_CTA_POLICY=1"}
+    assert c["compiled DDP, loss scope, NCCL_CTA_POLICY=1"].per_device == {1: 113.0, 2: 108.0}
+    assert c["compiled DDP"].per_device == {1: 100.0, 2: 95.0}
+    lone = by_label(scaling.training_curves([write(tmp_path / "t", x=train(1, 113.0, compile_=True, compile_scope="loss"))]))
+    assert set(lone) == {"compiled, loss scope, 1 GPU"}
+
+
 def test_look_alike_runs_are_both_kept(tmp_path):
     d = write(tmp_path / "s", one=train(1, 100.0), fsdp_a=train(2, 50.0, strategy="FULL_SHARD", dist="FSDP"),
               fsdp_b=train(2, 55.0, strategy="FULL_SHARD", dist="FSDP"))

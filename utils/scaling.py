@@ -22,7 +22,7 @@ from utils.distributed import scaling_efficiency
 # NCCL settings a run overrode: transports forced off, the SMs (CTAs) a collective takes, and
 # PyTorch's high-priority stream for NCCL (TORCH_NCCL_HIGH_PRIORITY, ProcessGroupNCCL.hpp)
 NCCL_OVERRIDES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS",
-                  "TORCH_NCCL_HIGH_PRIORITY")
+                  "NCCL_CTA_POLICY", "TORCH_NCCL_HIGH_PRIORITY")
 
 
 class ScalingDataError(ValueError):
@@ -94,6 +94,8 @@ def _way(data: dict) -> str:
     fsdp = "FSDP2" if data.get("fsdp_version") == 2 else "FSDP"
     strat = "DDP" if strat.startswith("DDP") else f"{fsdp} {strat}" if data.get("distributed_type") == "FSDP" else strat
     parts = [("compiled " if cfg.get("compile") else "eager ") + strat]
+    if _loss_scope(data):
+        parts.append("loss scope")
     if strat == "DDP":
         if cfg.get("bucket_mb", 25) != 25:
             parts.append(f"{cfg['bucket_mb']} MB buckets")
@@ -117,6 +119,12 @@ def _overrides(data: dict) -> list[str]:
     return [f"{k}={env[k]}" for k in NCCL_OVERRIDES if env.get(k) not in (None, "")]
 
 
+def _loss_scope(data: dict) -> bool:
+    """A run compiled with ``--compile-scope loss`` (only the loss leaves the graph): on one H200
+    that alone made the step 13% faster (RESULTS.md), so it starts its own curves."""
+    return data["config"].get("compile_scope") == "loss"
+
+
 def _compiled_autograd(data: dict) -> bool:
     """A run whose backward Compiled Autograd traced (``--ddp-optimizer python_reducer``): on one
     GPU it is another program than a plain compiled run, so it starts its own curves."""
@@ -138,7 +146,7 @@ def _family(data: dict) -> str:
 def _base_key(data: dict) -> tuple:
     """What a run must share with a one-process run of its folder to scale from it."""
     return (data["_source"], _shape(data["config"]), bool(data["config"].get("compile")), _compiled_autograd(data),
-            _family(data))
+            _family(data), _loss_scope(data))
 
 
 def training_curves(paths) -> list[Curve]:
@@ -194,11 +202,11 @@ def training_curves(paths) -> list[Curve]:
         if 1 not in c.per_device and one is not None:
             c.per_device[1] = float(one["tokens_per_s_per_device"])
             c.files[1] = one["_file"]
-    for (src, shape, compiled, autograd, family), one in singles.items():  # a 1-GPU run no curve uses: one point
+    for (src, shape, compiled, autograd, family, loss_scope), one in singles.items():  # a 1-GPU run no curve uses: one point
         used = {c.per_device.get(1) for c in curves.values() if c.source == src and c.shape == shape}
         if float(one["tokens_per_s_per_device"]) not in used:
             way = ("compiled" if compiled else "eager") + ("" if family == "DDP" else f" {family}") + \
-                (", Compiled Autograd" if autograd else "") + ", 1 GPU"
+                (", Compiled Autograd" if autograd else "") + (", loss scope" if loss_scope else "") + ", 1 GPU"
             curves[(src, shape, way)] = Curve(way, shape, {1: float(one["tokens_per_s_per_device"])}, {}, {1: one["_file"]},
                                               source=src)
     return sorted(curves.values(), key=lambda c: (c.source, c.shape, c.label))
