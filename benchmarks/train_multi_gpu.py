@@ -24,7 +24,10 @@ of the all-reduce the backward pass did not hide, not the total time spent in NC
 DDP's bucketing overlaps with the backward pass.
 
 ``--baseline FILE`` reads a 1-GPU result of this script (same preset, batch, seq) and adds
-``utils.distributed.scaling_efficiency`` of per-device throughput.
+``utils.distributed.scaling_efficiency`` of per-device throughput. The baseline must have run
+under the same wrapper (``launch_family``): under bf16, FSDP and DeepSpeed compute on bf16
+weight copies while a plain 1-GPU run autocasts fp32 weights at every step, so eager FSDP2
+scored 109.6% against a plain run on two H200s (RESULTS.md); it is refused.
 
 ``--grad-accum N`` runs N micro-batches per optimizer step with ``no_sync`` on all but the
 last (gradients all-reduced once per step); ``--no-sync-accum`` drops the ``no_sync``, so
@@ -212,12 +215,27 @@ def validate(args: argparse.Namespace) -> dict | None:
     if base_scope != args.compile_scope:
         raise UsageError(f"--baseline {args.baseline} has compile_scope={base_scope!r}, this run "
                          f"{args.compile_scope!r}: compare like with like")
+    from utils.scaling import wrapper_family
+
+    if wrapper_family(base) != launch_family():  # FSDP and ZeRO hold bf16 weights on one GPU; a plain run does not
+        raise UsageError(f"--baseline {args.baseline} ran as {wrapper_family(base)}, this launch is {launch_family()}: "
+                         f"give it a 1-GPU run with the same --config_file")
     mine_ca = args.compile and args.ddp_optimizer == "python_reducer"
     if bool(base.get("compiled_autograd")) != mine_ca:
         raise UsageError(f"--baseline {args.baseline} {'ran' if base.get('compiled_autograd') else 'did not run'} "
                          f"under Compiled Autograd and this run {'does' if mine_ca else 'does not'}: give it a 1-GPU "
                          "run with the same --ddp-optimizer")
     return base
+
+
+def launch_family(env=os.environ) -> str:
+    """The wrapper this launch asks for, from what ``accelerate launch`` put in the environment,
+    named as ``utils.scaling.wrapper_family`` names a result's."""
+    if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        return f"FSDP{env.get('FSDP_VERSION', '1')}"
+    if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return f"DeepSpeed ZeRO-{env.get('ACCELERATE_DEEPSPEED_ZERO_STAGE', '2')}"
+    return "DDP"
 
 
 def _cpu_run() -> bool:

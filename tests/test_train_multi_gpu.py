@@ -131,6 +131,7 @@ def test_fsdp_configs_parse_with_accelerate(name, strategy):
     args = launch_command_parser().parse_args(["--config_file", str(CONFIGS / name), "--num_processes", "2", "x.py"])
     env = prepare_multi_gpu_env(_validate_launch_command(args)[0])
     assert env["FSDP_SHARDING_STRATEGY"] == strategy
+    assert tmg.launch_family(env) == "FSDP1"  # what --baseline must match
 
 
 def test_fsdp2_config_reaches_the_launch_environment():
@@ -143,6 +144,7 @@ def test_fsdp2_config_reaches_the_launch_environment():
                                                "--num_processes", "2", "x.py"])
     env = prepare_multi_gpu_env(_validate_launch_command(args)[0])
     assert env["FSDP_VERSION"] == "2" and env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
+    assert tmg.launch_family(env) == "FSDP2"  # what --baseline must match
 
 
 def test_ddp_config_parses():
@@ -180,6 +182,7 @@ def test_deepspeed_configs_reach_the_launch_environment(stage):
     args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
     _, env = prepare_deepspeed_cmd_env(args)
     assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == str(stage)
+    assert tmg.launch_family(env) == f"DeepSpeed ZeRO-{stage}"  # what --baseline must match
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -347,6 +350,36 @@ def test_baseline_must_be_the_same_program(capsys, tmp_path, base_cfg, base_extr
                                            **base_cfg}}))
     rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--baseline", str(base), *argv])
     _one_line_error(capsys, rc, needle)
+
+
+@pytest.mark.parametrize("base_extra, launch_env, needle", [
+    # a plain 1-GPU run under an FSDP launch: FSDP computes on bf16 weights (109.6% "efficiency" on two H200s)
+    ({"distributed_type": "MULTI_GPU"}, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "ran as DDP, this launch is FSDP2"),
+    ({"distributed_type": "FSDP", "fsdp_version": 1}, {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"},
+     "ran as FSDP1, this launch is FSDP2"),
+    ({"distributed_type": "DEEPSPEED", "sharding_strategy": "DeepSpeed ZeRO-3"},
+     {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, "ran as DeepSpeed ZeRO-3, this launch is DeepSpeed ZeRO-2"),
+    ({"distributed_type": "FSDP", "fsdp_version": 2}, {}, "ran as FSDP2, this launch is DDP"),
+])
+def test_baseline_must_be_the_same_wrapper(monkeypatch, capsys, tmp_path, base_extra, launch_env, needle):
+    for k, v in launch_env.items():
+        monkeypatch.setenv(k, v)
+    base = tmp_path / "one.json"
+    base.write_text(json.dumps({"world_size": 1, "total_tokens_per_s": 1.0, **base_extra,
+                                "config": {"preset": "gpt2-tiny", "batch_per_device": 16, "seq": 1024, "grad_accum": 1}}))
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--baseline", str(base)])
+    _one_line_error(capsys, rc, needle)
+
+
+def test_launch_family_names_what_scaling_names():
+    """The launch's wrapper, from accelerate launch's environment, in utils.scaling's names."""
+    from utils.scaling import wrapper_family
+
+    assert tmg.launch_family({}) == wrapper_family({"distributed_type": "MULTI_GPU"}) == "DDP"
+    assert tmg.launch_family({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}) == \
+        wrapper_family({"distributed_type": "FSDP", "fsdp_version": 2}) == "FSDP2"
+    assert tmg.launch_family({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}) == \
+        wrapper_family({"distributed_type": "DEEPSPEED", "sharding_strategy": "DeepSpeed ZeRO-1"}) == "DeepSpeed ZeRO-1"
 
 
 def test_comm_reorder_refused_on_a_torch_without_the_passes(monkeypatch, capsys, tmp_path):

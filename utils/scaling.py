@@ -131,10 +131,11 @@ def _compiled_autograd(data: dict) -> bool:
     return bool(data.get("compiled_autograd")) or data["config"].get("ddp_optimizer") == "python_reducer"
 
 
-def _family(data: dict) -> str:
-    """Which wrapper ran, for pairing a curve with its one-process run: a plain 1-GPU run is the
-    base of DDP; FSDP (by version) and each DeepSpeed ZeRO stage are compared with themselves on
-    one GPU (their one-process runs hold bf16 weights, unlike a plain autocast run)."""
+def wrapper_family(data: dict) -> str:
+    """Which wrapper ran a ``train_multi_gpu.py`` result: ``"DDP"`` (a plain 1-GPU run is the
+    base of DDP), ``"FSDP1"``/``"FSDP2"`` or ``"DeepSpeed ZeRO-N"``. FSDP and each ZeRO stage are
+    compared with themselves on one GPU: under bf16 their one-process runs compute on bf16
+    weights, unlike a plain autocast run (eager FSDP2 scored 109.6% against one, RESULTS.md)."""
     dist = str(data.get("distributed_type"))
     if dist == "FSDP":
         return f"FSDP{data.get('fsdp_version') or 1}"
@@ -146,7 +147,7 @@ def _family(data: dict) -> str:
 def _base_key(data: dict) -> tuple:
     """What a run must share with a one-process run of its folder to scale from it."""
     return (data["_source"], _shape(data["config"]), bool(data["config"].get("compile")), _compiled_autograd(data),
-            _family(data), _loss_scope(data))
+            wrapper_family(data), _loss_scope(data))
 
 
 def training_curves(paths) -> list[Curve]:
@@ -154,7 +155,7 @@ def training_curves(paths) -> list[Curve]:
     skipped). Each folder is one study: curves of different folders are kept apart. A curve's
     1-GPU point is the baseline its runs were measured against (``--baseline``), else the
     folder's one-process run of the same shape, compile setting, autograd (plain or Compiled
-    Autograd) and wrapper family (:func:`_family`)."""
+    Autograd) and wrapper family (:func:`wrapper_family`)."""
     singles: dict[tuple, dict] = {}
     multi: list[dict] = []
     for f in _files(paths):
