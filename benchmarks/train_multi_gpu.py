@@ -35,6 +35,13 @@ every micro-batch all-reduces: the accumulation mistake issue 5 asks to measure.
 
 ``--bucket-mb``, ``--bucket-view`` and ``--comm-hook bf16`` are DDP's overlap and traffic knobs
 (``DistributedDataParallelKwargs``); the hook halves the bytes each step all-reduces.
+``--comm-hook noop`` registers PyTorch's ``noop_hook`` (``ddp_comm_hooks.debugging_hooks``),
+which hands every bucket back without communicating: DDP's reducer still runs (bucket copies,
+hooks, and under ``torch.compile`` DDPOptimizer's graph splits) but no gradient crosses the
+link, so the ranks drift apart (``replicas_identical`` false; a headroom measurement, not
+training). Its efficiency is the ceiling with free communication; with ``--measure-comm`` its
+"exposed" share is what DDP's machinery alone costs over ``no_sync``. PyTorch documents the
+hook for this headroom analysis.
 ``--ddp-optimizer`` sets ``torch._dynamo.config.optimize_ddp`` for a ``--compile`` run:
 ``ddp_optimizer`` (PyTorch's default) splits the compiled graph at DDP's bucket boundaries so
 each bucket's all-reduce can start during the backward; ``no_optimization`` compiles one graph
@@ -134,8 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16", action="store_true", help="Accelerate mixed_precision='bf16' (overrides the config)")
     p.add_argument("--bucket-mb", type=int, default=25, help="DDP bucket_cap_mb (PyTorch's default 25)")
     p.add_argument("--bucket-view", action="store_true", help="DDP gradient_as_bucket_view=True (no grad copy)")
-    p.add_argument("--comm-hook", choices=("none", "bf16"), default="none",
-                   help="DDP communication hook: bf16 all-reduces gradients as bf16 (half the bytes of fp32)")
+    p.add_argument("--comm-hook", choices=("none", "bf16", "noop"), default="none",
+                   help="DDP communication hook: bf16 all-reduces gradients as bf16 (half the bytes of fp32); noop "
+                        "communicates nothing (headroom: DDP's cost without the all-reduce; the replicas drift apart)")
     p.add_argument("--ddp-optimizer", choices=DDP_OPTIMIZERS, default="ddp_optimizer",
                    help="torch._dynamo.config.optimize_ddp under --compile (default: PyTorch's, ddp_optimizer)")
     p.add_argument("--comm-reorder", nargs="?", const="passes", choices=COMM_REORDERS, default=None,
@@ -420,7 +428,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     # torch.compile, fewer graph splits by DDPOptimizer, which cuts the graph at each bucket)
     # --comm-hook bf16: PyTorch's bf16_compress_hook through Accelerate (DDPCommunicationHookType.BF16):
     # under autocast DDP all-reduces the fp32 gradients; compressed, half the bytes cross the link
-    hook = DDPCommunicationHookType.BF16 if args.comm_hook == "bf16" else DDPCommunicationHookType.NO
+    hook = DDPCommunicationHookType.BF16 if args.comm_hook == "bf16" else DDPCommunicationHookType.NO  # noop: below
     ddp_kwargs = DistributedDataParallelKwargs(bucket_cap_mb=args.bucket_mb, gradient_as_bucket_view=args.bucket_view,
                                                comm_hook=hook)
     # cpu=True without CUDA: a DDP config launched on a CPU machine then runs over gloo
@@ -456,6 +464,13 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         model = _loss_only(model)
     model, opt = accelerator.prepare(model, opt)
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
+    if args.comm_hook == "noop":  # Accelerate has no such hook type: register PyTorch's on the DDP wrapper itself
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+        if not hasattr(wrapped, "register_comm_hook"):
+            raise UsageError(f"--comm-hook noop needs DDP with 2+ processes; this run is {dist['distributed_type']} "
+                             f"with {accelerator.num_processes} process(es)")
+        wrapped.register_comm_hook(None, noop_hook)
     dist = _distributed_info(accelerator, wrapped)
     if args.compile and not python_reducer:
         model = torch.compile(model)
@@ -565,9 +580,14 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     sums = [r.get("param_checksum") for r in ranks]
     if None not in sums:  # DDP only (FSDP ranks hold different shards)
         res["replicas_identical"] = replicas_identical(sums)
+    if args.comm_hook == "noop":  # a headroom run: nothing crossed the link, the replicas drifted apart
+        res["gradients_synchronised"] = False
     if args.measure_comm:
         res["exposed_comm_share"] = max(r["exposed_comm_share"] for r in ranks)
-        res["exposed_comm_note"] = "1 - t_nosync/t_sync (median step, worst rank): exposed, not total, communication"
+        res["exposed_comm_note"] = ("1 - t_nosync/t_sync (median step, worst rank): exposed, not total, communication"
+                                    if args.comm_hook != "noop" else
+                                    "1 - t_nosync/t_noop_hook: DDP's reducer (bucket copies, hooks, graph splits) "
+                                    "without any communication")
     if baseline is not None:
         from utils.distributed import scaling_efficiency
 
@@ -594,6 +614,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError("DeepSpeed needs CUDA GPUs here: on a CPU, Accelerate 1.15 either drops it for plain "
                                  "multi-CPU DDP or reports every rank as process 0 of 1; on a CPU launch the DDP config")
             _check_deepspeed(args)
+        if args.comm_hook != "none" and launch_family() != "DDP":
+            raise UsageError(f"--comm-hook is a DDP option; this launch is {launch_family()}: launch the DDP config")
+        if args.comm_hook == "noop" and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            raise UsageError("--comm-hook noop measures DDP without its all-reduce; it needs DDP with 2+ processes "
+                             "(accelerate launch --num_processes 2 or more)")
         if args.comm_hook == "bf16" and _cpu_run():
             raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
         if args.compile_scope == "loss" and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":

@@ -102,9 +102,12 @@ def test_loss_scope_runs_start_their_own_curves(tmp_path):
     d = write(tmp_path / "s", one=train(1, 100.0, compile_=True, compile_scope="model"),
               scope_one=train(1, 113.0, compile_=True, compile_scope="loss"),
               scope_two=train(2, 108.0, compile_=True, compile_scope="loss", env={"NCCL_CTA_POLICY": "1"}),
-              plain_two=train(2, 95.0, compile_=True, compile_scope="model"))
+              plain_two=train(2, 95.0, compile_=True, compile_scope="model"),
+              noop_two=train(2, 99.0, compile_=True, compile_scope="model", comm_hook="noop"))
     c = by_label(scaling.training_curves([d]))
-    assert set(c) == {"compiled DDP", "compiled DDP, loss scope, NCCL_CTA_POLICY=1"}
+    assert set(c) == {"compiled DDP", "compiled DDP, loss scope, NCCL_CTA_POLICY=1",
+                      "compiled DDP, noop hook (no communication)"}
+    assert c["compiled DDP, noop hook (no communication)"].per_device == {1: 100.0, 2: 99.0}
     assert c["compiled DDP, loss scope, NCCL_CTA_POLICY=1"].per_device == {1: 113.0, 2: 108.0}
     assert c["compiled DDP"].per_device == {1: 100.0, 2: 95.0}
     lone = by_label(scaling.training_curves([write(tmp_path / "t", x=train(1, 113.0, compile_=True, compile_scope="loss"))]))

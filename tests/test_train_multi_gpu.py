@@ -371,6 +371,35 @@ def test_baseline_must_be_the_same_wrapper(monkeypatch, capsys, tmp_path, base_e
     _one_line_error(capsys, rc, needle)
 
 
+def test_noop_hook_runs_ddp_without_communication(tmp_path):
+    """--comm-hook noop (PyTorch's headroom hook) on two gloo processes: DDP's reducer runs, no
+    gradient crosses, so the ranks, each on its own shard, end with different weights."""
+    out = tmp_path / "noop.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    cmd = [*LAUNCH, "--config_file", str(CONFIGS / "ddp.yaml"), "--num_processes", "2",
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port()),
+           str(SCRIPT), "--out", str(out), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
+           "--steps", "2", "--warmup", "1", "--comm-hook", "noop", "--measure-comm"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["ddp"]["comm_hook"] != "none" and "noop" in r["ddp"]["comm_hook"]  # read back from DDP itself
+    assert r["replicas_identical"] is False and r["gradients_synchronised"] is False
+    assert "without any communication" in r["exposed_comm_note"]
+    # the first step ran before any update: each rank's loss is its own shard's (they differ)
+    assert r["per_rank"][0]["loss_per_step"][0] != r["per_rank"][1]["loss_per_step"][0]
+
+
+@pytest.mark.parametrize("env, needle", [({"WORLD_SIZE": "1"}, "needs DDP with 2+ processes"),
+                                         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "is a DDP option")])
+def test_noop_hook_needs_ddp(monkeypatch, capsys, tmp_path, env, needle):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(tmg, "_cpu_run", lambda: False)
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--comm-hook", "noop"])
+    _one_line_error(capsys, rc, needle)
+
+
 def test_launch_family_names_what_scaling_names():
     """The launch's wrapper, from accelerate launch's environment, in utils.scaling's names."""
     from utils.scaling import wrapper_family

@@ -101,7 +101,9 @@ def _way(data: dict) -> str:
             parts.append(f"{cfg['bucket_mb']} MB buckets")
         if cfg.get("bucket_view"):
             parts.append("bucket views")
-        if cfg.get("comm_hook", "none") != "none":
+        if cfg.get("comm_hook", "none") == "noop":
+            parts.append("noop hook (no communication)")
+        elif cfg.get("comm_hook", "none") != "none":
             parts.append(f"{cfg['comm_hook']} hook")
         if cfg.get("ddp_optimizer", "ddp_optimizer") != "ddp_optimizer":
             parts.append(f"optimize_ddp={cfg['ddp_optimizer']}")
