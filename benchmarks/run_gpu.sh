@@ -56,6 +56,9 @@ torch.cuda.synchronize()" & load=$!
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_scope_loss_b100_${n}gpu.json" --bf16 --compile --compile-scope loss --measure-comm --bucket-mb 100 --bucket-view --baseline "$out/p2_scope_loss_1gpu.json"
       # NCCL on a high-priority CUDA stream: its blocks go first when the backward's kernels leave SMs free
       TORCH_NCCL_HIGH_PRIORITY=1 run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_hiprio_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
+      # one hardware queue for all streams: kernels start in issue order, so a bucket's all-reduce is not
+      # held back behind backward kernels issued after it (Megatron sets this for its overlapped communication)
+      CUDA_DEVICE_MAX_CONNECTIONS=1 run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b100_maxconn1_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 100 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       # Compiled Autograd traces the all-reduces into the compiled backward (no graph breaks, overlap kept)
       # (against Compiled Autograd on one GPU: it alone made the 1-GPU step 13% faster, RESULTS.md)
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_pyred_1gpu.json" --bf16 --compile --ddp-optimizer python_reducer

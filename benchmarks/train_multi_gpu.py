@@ -119,7 +119,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 PROG = "train_multi_gpu.py"
 DDP_OPTIMIZERS = ("ddp_optimizer", "no_optimization", "python_reducer")  # torch._dynamo.config.optimize_ddp values
 COMM_REORDERS = ("passes", "overlap")  # --comm-reorder: Inductor's two compute/communication schedulers
-ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_")
+ENV_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_NCCL_")
 
 
 class UsageError(ValueError):

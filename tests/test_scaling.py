@@ -85,10 +85,11 @@ def test_compiled_autograd_and_cta_caps_start_their_own_curves(tmp_path):
               ca_one=dict(train(1, 113.0, compile_=True, ddp_optimizer="python_reducer"), compiled_autograd=True),
               ca_two=dict(train(2, 105.0, compile_=True, ddp_optimizer="python_reducer"), compiled_autograd=True),
               plain_two=train(2, 95.0, compile_=True), capped=train(2, 91.0, compile_=True, env={"NCCL_MAX_CTAS": "4"}),
-              urgent=train(2, 96.0, compile_=True, env={"TORCH_NCCL_HIGH_PRIORITY": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}))
+              urgent=train(2, 96.0, compile_=True, env={"TORCH_NCCL_HIGH_PRIORITY": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}),
+              one_queue=train(2, 96.5, compile_=True, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}))
     c = by_label(scaling.training_curves([d]))
     assert set(c) == {"compiled DDP", "compiled DDP, optimize_ddp=python_reducer", "compiled DDP, NCCL_MAX_CTAS=4",
-                      "compiled DDP, TORCH_NCCL_HIGH_PRIORITY=1"}
+                      "compiled DDP, TORCH_NCCL_HIGH_PRIORITY=1", "compiled DDP, CUDA_DEVICE_MAX_CONNECTIONS=1"}
     assert c["compiled DDP, optimize_ddp=python_reducer"].per_device == {2: 105.0, 1: 113.0}
     assert c["compiled DDP"].per_device[1] == c["compiled DDP, NCCL_MAX_CTAS=4"].per_device[1] == 100.0
     lone = by_label(scaling.training_curves([write(tmp_path / "t", ca=dict(train(1, 113.0, compile_=True),

@@ -22,7 +22,7 @@ from utils.distributed import scaling_efficiency
 # NCCL settings a run overrode: transports forced off, the SMs (CTAs) a collective takes, and
 # PyTorch's high-priority stream for NCCL (TORCH_NCCL_HIGH_PRIORITY, ProcessGroupNCCL.hpp)
 NCCL_OVERRIDES = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS",
-                  "NCCL_CTA_POLICY", "TORCH_NCCL_HIGH_PRIORITY")
+                  "NCCL_CTA_POLICY", "TORCH_NCCL_HIGH_PRIORITY", "CUDA_DEVICE_MAX_CONNECTIONS")
 
 
 class ScalingDataError(ValueError):
