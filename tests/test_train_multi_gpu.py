@@ -447,3 +447,12 @@ def test_bad_baseline(capsys, tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"world_size": 1, "config": {"preset": "gpt2-small", "batch_per_device": 8}}))
     _one_line_error(capsys, tmg.main(["--out", str(tmp_path / "x.json"), "--baseline", str(other)]), "batch_per_device")
+
+
+def test_lab02_fsdp_cell_script_needs_gpus(capsys, tmp_path):
+    """benchmarks/lab02_fsdp_cell.py (the lab's FSDP cell outside the notebook) says in one line
+    that FSDP needs CUDA GPUs, instead of failing inside its first launch."""
+    cell = load_script(ROOT / "benchmarks" / "lab02_fsdp_cell.py")
+    _needs = cell.main(["--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert _needs == 2 and len(err.splitlines()) == 1 and "FSDP needs CUDA GPUs" in err
