@@ -32,7 +32,7 @@ torch.cuda.synchronize()" & load=$!
       run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce.json" ;;
     multigpu) n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_ddp_1gpu.json" --bf16 --compile
-      # the same step compiled as a function returning only the loss (the model's logits stay inside the graph)
+      # the same step with the loss scope: a module returning only the loss is compiled (the logits stay inside the graph)
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 benchmarks/train_multi_gpu.py --out "$out/p2_scope_loss_1gpu.json" --bf16 --compile --compile-scope loss
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_${n}gpu.json" --bf16 --compile --measure-comm --baseline "$out/p2_ddp_1gpu.json"
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
@@ -55,7 +55,7 @@ torch.cuda.synchronize()" & load=$!
       # the loss scope inside DDP (only the loss leaves the compiled graph), against itself on one GPU
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_scope_loss_b100_${n}gpu.json" --bf16 --compile --compile-scope loss --measure-comm --bucket-mb 100 --bucket-view --baseline "$out/p2_scope_loss_1gpu.json"
       # NCCL on a high-priority CUDA stream: its blocks go first when the backward's kernels leave SMs free
-      TORCH_NCCL_HIGH_PRIORITY=1 run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_hiprio_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
+      TORCH_NCCL_HIGH_PRIORITY=1 run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b100_hiprio_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 100 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       # one hardware queue for all streams: kernels start in issue order, so a bucket's all-reduce is not
       # held back behind backward kernels issued after it (Megatron sets this for its overlapped communication)
       CUDA_DEVICE_MAX_CONNECTIONS=1 run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b100_maxconn1_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 100 --bucket-view --baseline "$out/p2_ddp_1gpu.json"

@@ -137,7 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile the prepared model")
     p.add_argument("--compile-scope", choices=("model", "loss"), default="model",
                    help="what --compile wraps: the model (its outputs, logits included, leave the graph) or a "
-                        "function returning only the loss")
+                        "module around it returning only the loss")
     p.add_argument("--bf16", action="store_true", help="Accelerate mixed_precision='bf16' (overrides the config)")
     p.add_argument("--bucket-mb", type=int, default=25, help="DDP bucket_cap_mb (PyTorch's default 25)")
     p.add_argument("--bucket-view", action="store_true", help="DDP gradient_as_bucket_view=True (no grad copy)")
@@ -271,7 +271,7 @@ def _check_deepspeed(args: argparse.Namespace) -> None:
 
 
 def _fsdp_on_cpu() -> bool:
-    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and _cpu_run()
+    return launch_family().startswith("FSDP") and _cpu_run()
 
 
 def _batches(args: argparse.Namespace, rank: int, world: int, vocab_size: int, device) -> list:
@@ -468,10 +468,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     if args.comm_hook == "noop":  # Accelerate has no such hook type: register PyTorch's on the DDP wrapper itself
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-        if not hasattr(wrapped, "register_comm_hook"):
-            raise UsageError(f"--comm-hook noop needs DDP with 2+ processes; this run is {dist['distributed_type']} "
-                             f"with {accelerator.num_processes} process(es)")
-        wrapped.register_comm_hook(None, noop_hook)
+        wrapped.register_comm_hook(None, noop_hook)  # main() refused noop unless this is DDP on 2+ processes
     dist = _distributed_info(accelerator, wrapped)
     if args.compile and not python_reducer:
         model = torch.compile(model)
@@ -608,9 +605,9 @@ def main(argv: list[str] | None = None) -> int:
         baseline = validate(args)
         if _fsdp_on_cpu():
             raise UsageError("FSDP needs CUDA GPUs here (NCCL); on a CPU run the DDP config or no config")
-        if args.ddp_optimizer == "python_reducer" and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        if args.ddp_optimizer == "python_reducer" and launch_family().startswith("FSDP"):
             raise UsageError("--ddp-optimizer python_reducer is a DDP mode; launch with the DDP config, not an FSDP one")
-        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        if launch_family().startswith("DeepSpeed"):
             if _cpu_run():
                 raise UsageError("DeepSpeed needs CUDA GPUs here: on a CPU, Accelerate 1.15 either drops it for plain "
                                  "multi-CPU DDP or reports every rank as process 0 of 1; on a CPU launch the DDP config")

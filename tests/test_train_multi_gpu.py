@@ -453,6 +453,6 @@ def test_lab02_fsdp_cell_script_needs_gpus(capsys, tmp_path):
     """benchmarks/lab02_fsdp_cell.py (the lab's FSDP cell outside the notebook) says in one line
     that FSDP needs CUDA GPUs, instead of failing inside its first launch."""
     cell = load_script(ROOT / "benchmarks" / "lab02_fsdp_cell.py")
-    _needs = cell.main(["--out", str(tmp_path / "o")])
+    rc = cell.main(["--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
-    assert _needs == 2 and len(err.splitlines()) == 1 and "FSDP needs CUDA GPUs" in err
+    assert rc == 2 and len(err.splitlines()) == 1 and "FSDP needs CUDA GPUs" in err
