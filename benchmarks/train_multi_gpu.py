@@ -60,6 +60,15 @@ passes ``torch/_inductor/config.py`` recommends; ``overlap`` runs the newer over
 (``aten_distributed_optimizations.enable_overlap_scheduling``), which estimates each kernel's
 and each collective's time and issues collectives early enough to hide them.
 
+``--ddp-one-process`` wraps the one process's model in PyTorch's DDP over a one-rank process
+group (Accelerate wraps only when there are 2+ processes). The reducer then runs as on N GPUs
+(bucket copies, the hook, under ``torch.compile`` DDPOptimizer's graph splits) while no gradient
+crosses a link: NCCL's all-reduce over one rank is a local copy at most, and with ``--comm-hook
+noop`` nothing is called at all. Against a plain 1-GPU run (``--baseline``) it is what DDP itself
+costs on this GPU, the ceiling of any N-GPU efficiency before communication, measurable with one
+GPU. Its result is marked ``ddp_one_process`` and never serves as a baseline (``utils.scaling``
+gives it its own wrapper family, ``"DDP, one process"``).
+
 ``--compile-scope`` says what ``--compile`` wraps: ``model`` (the default) compiles the prepared
 model, so everything the Hugging Face forward returns leaves the compiled graph, the
 ``[batch, seq, vocab]`` logits included; ``loss`` wraps the model, before ``prepare``, in a module
@@ -149,6 +158,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--comm-reorder", nargs="?", const="passes", choices=COMM_REORDERS, default=None,
                    help="with python_reducer: Inductor moves the all-reduces among the backward's kernels, by its "
                         "reorder_for_compute_comm_overlap passes (passes, the default) or its overlap scheduler (overlap)")
+    p.add_argument("--ddp-one-process", action="store_true",
+                   help="wrap the single process's model in DDP over a one-rank group: DDP's own cost with no link "
+                        "(compare with a plain 1-GPU run through --baseline)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--no-sync-accum", action="store_true", help="all-reduce on every micro-batch")
     p.add_argument("--measure-comm", action="store_true", help="also time steps without gradient sync (DDP)")
@@ -317,16 +329,50 @@ def _distributed_info(accelerator, wrapped=None) -> dict:
                                  "bf16_weights": bool(wrapped.bfloat16_enabled()),
                                  "micro_batch_per_gpu": wrapped.train_micro_batch_size_per_gpu(),
                                  "gradient_clipping": wrapped.gradient_clipping()}
-    elif accelerator.num_processes == 1:
+    elif accelerator.num_processes == 1 and not isinstance(wrapped, _ddp_class()):
         info["sharding_strategy"] = "none (one process, no wrapper)"
-    elif accelerator.distributed_type.value in ("MULTI_GPU", "MULTI_CPU"):
-        info["sharding_strategy"] = "DDP (replicated)"
+    elif accelerator.num_processes == 1 or accelerator.distributed_type.value in ("MULTI_GPU", "MULTI_CPU"):
+        info["sharding_strategy"] = "DDP (one process)" if accelerator.num_processes == 1 else "DDP (replicated)"
         logged = getattr(wrapped, "_get_ddp_logging_data", None)  # what DDP itself runs with
         if logged is not None:
             d = logged()
             info["ddp"] = {"bucket_cap_mb": d.get("bucket_cap_bytes", 0) / 2**20, "comm_hook": d.get("comm_hook") or "none",
                            "gradient_as_bucket_view": bool(d.get("gradient_as_bucket_view"))}
     return info
+
+
+def _ddp_class():
+    """PyTorch's DDP class, imported late: this module parses and checks arguments before torch loads."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel
+
+
+def _ddp_one_process(model, ddp_kwargs, device):
+    """``model`` (already prepared by Accelerate, autocast included) in PyTorch's DDP over a
+    one-rank group, built as Accelerate builds it for 2+ processes (``Accelerator.prepare_model``:
+    its ``DistributedDataParallelKwargs``, then their hook). A group ``torchrun`` started is used
+    as it is; otherwise an in-process ``HashStore`` holds the rendezvous of this one rank."""
+    import torch
+    import torch.distributed as td
+
+    cuda = device.type == "cuda"
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
+    if not td.is_initialized():
+        td.init_process_group("nccl" if cuda else "gloo", store=td.HashStore(), rank=0, world_size=1)
+    if td.get_world_size() != 1:
+        raise UsageError(f"--ddp-one-process needs one process; this group has {td.get_world_size()}")
+    ddp = _ddp_class()(model, device_ids=[index] if cuda else None, output_device=index, **ddp_kwargs.to_kwargs())
+    ddp_kwargs.register_comm_hook(ddp)
+    return ddp
+
+
+def _no_sync(accelerator, wrapped):
+    """``no_sync`` of the wrapper. Accelerate's ``no_sync`` does nothing on one process, so a
+    ``--ddp-one-process`` wrapper's own is used there."""
+    if accelerator.num_processes == 1 and isinstance(wrapped, _ddp_class()):
+        return wrapped.no_sync()
+    return accelerator.no_sync(wrapped)
 
 
 def _profile(trace: Path, step_fn) -> dict:
@@ -444,7 +490,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
         # FSDP runs do not clip, and clipping adds a global norm (a reduction and a pass over the grads)
         ds_cfg["gradient_clipping"] = 0.0
     dist = _distributed_info(accelerator)
-    if args.measure_comm and dist["distributed_type"] not in ("MULTI_GPU", "MULTI_CPU"):
+    if args.measure_comm and dist["distributed_type"] not in ("MULTI_GPU", "MULTI_CPU") and not args.ddp_one_process:
         raise UsageError(f"--measure-comm needs DDP with 2+ processes, this run is {dist['distributed_type']}")
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     on_cuda = device.type == "cuda"
@@ -464,6 +510,8 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     if loss_scope:  # inside DDP's wrapper: the graph Dynamo compiles is then the one returning only the loss
         model = _loss_only(model)
     model, opt = accelerator.prepare(model, opt)
+    if args.ddp_one_process:  # after prepare, as Accelerate wraps DDP after its autocast
+        model = _ddp_one_process(model, ddp_kwargs, device)
     wrapped = model  # no_sync lives on the DDP/FSDP wrapper
     if args.comm_hook == "noop":  # Accelerate has no such hook type: register PyTorch's on the DDP wrapper itself
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
@@ -493,7 +541,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
             x, y = batches[(i * args.grad_accum + m) % len(batches)]
             last = m == args.grad_accum - 1
             skip = not sync or (not last and not args.no_sync_accum)
-            with accelerator.no_sync(wrapped) if skip else contextlib.nullcontext():
+            with _no_sync(accelerator, wrapped) if skip else contextlib.nullcontext():
                 loss = loss + forward_backward(x, y)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -549,13 +597,14 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     peak = spec.peak_tflops(peak_dtype) if spec is not None else None
     fpt = flops_per_token_from_config(cfg, args.seq)
     res = {
-        "world_size": world, **dist, "mixed_precision": accelerator.mixed_precision,
+        "world_size": world, **dist, "ddp_one_process": args.ddp_one_process, "mixed_precision": accelerator.mixed_precision,
         "config": {"preset": args.preset, "batch_per_device": args.batch_per_device, "seq": args.seq,
                    "steps": args.steps, "warmup": args.warmup, "compile": args.compile,
                    "compile_scope": args.compile_scope if args.compile else None, "bf16": args.bf16,
                    "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum,
                    "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view, "comm_hook": args.comm_hook,
-                   "ddp_optimizer": args.ddp_optimizer, "comm_reorder": args.comm_reorder},
+                   "ddp_optimizer": args.ddp_optimizer, "comm_reorder": args.comm_reorder,
+                   "ddp_one_process": args.ddp_one_process},
         "dynamo_optimize_ddp": torch._dynamo.config.optimize_ddp if args.compile else None,
         "compiled_autograd": bool(torch._dynamo.config.compiled_autograd),
         "dynamo_counters": _dynamo_counters() if args.compile else None,
@@ -578,7 +627,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
     sums = [r.get("param_checksum") for r in ranks]
     if None not in sums:  # DDP only (FSDP ranks hold different shards)
         res["replicas_identical"] = replicas_identical(sums)
-    if args.comm_hook == "noop":  # a headroom run: nothing crossed the link, the replicas drifted apart
+    if args.comm_hook == "noop" and world > 1:  # a headroom run: nothing crossed the link, the replicas drifted apart
         res["gradients_synchronised"] = False
     if args.measure_comm:
         res["exposed_comm_share"] = max(r["exposed_comm_share"] for r in ranks)
@@ -614,9 +663,12 @@ def main(argv: list[str] | None = None) -> int:
             _check_deepspeed(args)
         if args.comm_hook != "none" and launch_family() != "DDP":
             raise UsageError(f"--comm-hook is a DDP option; this launch is {launch_family()}: launch the DDP config")
-        if args.comm_hook == "noop" and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        if args.ddp_one_process and (int(os.environ.get("WORLD_SIZE", "1")) > 1 or launch_family() != "DDP"):
+            raise UsageError("--ddp-one-process wraps a single process in DDP; launch one process with no FSDP or "
+                             "DeepSpeed config (python benchmarks/train_multi_gpu.py ...)")
+        if args.comm_hook == "noop" and int(os.environ.get("WORLD_SIZE", "1")) < 2 and not args.ddp_one_process:
             raise UsageError("--comm-hook noop measures DDP without its all-reduce; it needs DDP with 2+ processes "
-                             "(accelerate launch --num_processes 2 or more)")
+                             "(accelerate launch --num_processes 2 or more) or --ddp-one-process")
         if args.comm_hook == "bf16" and _cpu_run():
             raise UsageError("--comm-hook bf16 needs CUDA GPUs (PyTorch's bf16_compress_hook runs on NCCL); drop it on a CPU")
         if args.compile_scope == "loss" and launch_family().startswith("FSDP"):

@@ -115,6 +115,23 @@ def test_loss_scope_runs_start_their_own_curves(tmp_path):
     assert set(lone) == {"compiled, loss scope, 1 GPU"}
 
 
+def test_ddp_on_one_process_is_a_point_of_its_own(tmp_path):
+    """A --ddp-one-process run is world_size 1 but not a base: the plain run still starts the
+    2-GPU curve, and the DDP one stands alone, labelled with its DDP settings."""
+    ddp_one = dict(train(1, 97.0, compile_=True, bucket_mb=100, bucket_view=True, comm_hook="noop", ddp_one_process=True),
+                   sharding_strategy="DDP (one process)", distributed_type="NO", ddp_one_process=True,
+                   exposed_comm_share=0.01)
+    d = write(tmp_path / "s", one=train(1, 100.0, compile_=True), ddp_one=ddp_one,
+              ddp_one_again=dict(ddp_one, tokens_per_s_per_device=96.0),
+              two=train(2, 95.0, compile_=True, bucket_mb=100, bucket_view=True))
+    c = by_label(scaling.training_curves([d]))
+    assert c["compiled DDP, 100 MB buckets, bucket views"].per_device == {1: 100.0, 2: 95.0}
+    label = "compiled DDP, 100 MB buckets, bucket views, noop hook (no communication), one process (no link)"
+    assert c[label].per_device == {1: 97.0} and c[label].exposed_comm == {1: 0.01}
+    assert c[f"{label} [ddp_one_again]"].per_device == {1: 96.0}  # a look-alike is kept, not overwritten
+    assert scaling.wrapper_family(ddp_one) == "DDP, one process"
+
+
 def test_look_alike_runs_are_both_kept(tmp_path):
     d = write(tmp_path / "s", one=train(1, 100.0), fsdp_a=train(2, 50.0, strategy="FULL_SHARD", dist="FSDP"),
               fsdp_b=train(2, 55.0, strategy="FULL_SHARD", dist="FSDP"))

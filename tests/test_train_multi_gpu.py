@@ -400,6 +400,63 @@ def test_noop_hook_needs_ddp(monkeypatch, capsys, tmp_path, env, needle):
     _one_line_error(capsys, rc, needle)
 
 
+def test_ddp_one_process_runs_ddp_over_a_one_rank_group(tmp_path):
+    """--ddp-one-process: PyTorch's DDP around one gloo process, with the run's bucket and hook
+    settings read back from DDP itself. With the default hook the all-reduce over one rank
+    leaves the gradients as they are, so the losses match a plain run step by step."""
+    common = [sys.executable, str(SCRIPT), "--preset", "gpt2-tiny", "--batch-per-device", "2", "--seq", "32",
+              "--steps", "3", "--warmup", "1", "--bucket-mb", "1", "--bucket-view"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    outs = {}
+    for name, extra in (("plain", []), ("ddp", ["--ddp-one-process", "--measure-comm"]),
+                        ("noop", ["--ddp-one-process", "--comm-hook", "noop"])):
+        outs[name] = tmp_path / f"{name}.json"
+        p = subprocess.run([*common, "--out", str(outs[name]), *extra], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+    plain, ddp, noop = (json.loads(outs[n].read_text()) for n in ("plain", "ddp", "noop"))
+    assert plain["sharding_strategy"] == "none (one process, no wrapper)" and "ddp" not in plain
+    assert ddp["world_size"] == 1 and ddp["sharding_strategy"] == "DDP (one process)" and ddp["ddp_one_process"]
+    assert ddp["ddp"] == {"bucket_cap_mb": 1.0, "comm_hook": "none", "gradient_as_bucket_view": True}
+    assert "noop" in noop["ddp"]["comm_hook"]
+    assert ddp["per_rank"][0]["loss_per_step"] == pytest.approx(plain["per_rank"][0]["loss_per_step"], rel=1e-5)
+    assert "nosync_median_ms" in ddp["per_rank"][0] and ddp["exposed_comm_share"] >= 0.0
+    assert "gradients_synchronised" not in noop  # one process: nothing to drift from
+
+
+def test_ddp_one_process_no_sync_is_ddps_own():
+    """Accelerate's no_sync does nothing on one process; the wrapper's own turns the sync off."""
+    import types
+
+    import torch
+
+    ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    torch.nn.Module.__init__(ddp)
+    ddp.require_backward_grad_sync = True
+    with tmg._no_sync(types.SimpleNamespace(num_processes=1), ddp):
+        assert ddp.require_backward_grad_sync is False
+    assert ddp.require_backward_grad_sync is True
+
+
+@pytest.mark.parametrize("env, needle", [({"WORLD_SIZE": "2"}, "wraps a single process"),
+                                         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "wraps a single process")])
+def test_ddp_one_process_needs_one_plain_process(monkeypatch, capsys, tmp_path, env, needle):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(tmg, "_cpu_run", lambda: False)
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--ddp-one-process"])
+    _one_line_error(capsys, rc, needle)
+
+
+def test_ddp_one_process_result_is_not_a_baseline(capsys, tmp_path):
+    base = tmp_path / "ddp1.json"
+    base.write_text(json.dumps({"world_size": 1, "total_tokens_per_s": 1.0, "ddp_one_process": True,
+                                "distributed_type": "NO", "config": {"preset": "gpt2-tiny", "batch_per_device": 16,
+                                                                      "seq": 1024, "grad_accum": 1}}))
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--baseline", str(base)])
+    _one_line_error(capsys, rc, "ran as DDP, one process")
+
+
 def test_launch_family_names_what_scaling_names():
     """The launch's wrapper, from accelerate launch's environment, in utils.scaling's names."""
     from utils.scaling import wrapper_family

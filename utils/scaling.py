@@ -137,7 +137,11 @@ def wrapper_family(data: dict) -> str:
     """Which wrapper ran a ``train_multi_gpu.py`` result: ``"DDP"`` (a plain 1-GPU run is the
     base of DDP), ``"FSDP1"``/``"FSDP2"`` or ``"DeepSpeed ZeRO-N"``. FSDP and each ZeRO stage are
     compared with themselves on one GPU: under bf16 their one-process runs compute on bf16
-    weights, unlike a plain autocast run (eager FSDP2 scored 109.6% against one, RESULTS.md)."""
+    weights, unlike a plain autocast run (eager FSDP2 scored 109.6% against one, RESULTS.md).
+    ``"DDP, one process"`` is ``--ddp-one-process``: DDP's machinery with no link, measured
+    against the plain run, never a base itself."""
+    if data.get("ddp_one_process"):
+        return "DDP, one process"
     dist = str(data.get("distributed_type"))
     if dist == "FSDP":
         return f"FSDP{data.get('fsdp_version') or 1}"
@@ -157,9 +161,11 @@ def training_curves(paths) -> list[Curve]:
     skipped). Each folder is one study: curves of different folders are kept apart. A curve's
     1-GPU point is the baseline its runs were measured against (``--baseline``), else the
     folder's one-process run of the same shape, compile setting, autograd (plain or Compiled
-    Autograd) and wrapper family (:func:`wrapper_family`)."""
+    Autograd) and wrapper family (:func:`wrapper_family`). A ``--ddp-one-process`` run is a point
+    of its own, labelled with its DDP settings: it starts no curve."""
     singles: dict[tuple, dict] = {}
     multi: list[dict] = []
+    lone: list[dict] = []
     for f in _files(paths):
         data = _read(f)
         if kind(data) != "train":
@@ -178,7 +184,9 @@ def training_curves(paths) -> list[Curve]:
         if data["world_size"] < 1 or not data["tokens_per_s_per_device"] > 0:
             raise ScalingDataError(f"{f}: world_size {data['world_size']} and tokens/s per device "
                                    f"{data['tokens_per_s_per_device']} are not a measured run")
-        if data["world_size"] == 1:
+        if data.get("ddp_one_process"):
+            lone.append(data)
+        elif data["world_size"] == 1:
             singles[_base_key(data)] = data
         else:
             multi.append(data)
@@ -212,6 +220,14 @@ def training_curves(paths) -> list[Curve]:
                 (", Compiled Autograd" if autograd else "") + (", loss scope" if loss_scope else "") + ", 1 GPU"
             curves[(src, shape, way)] = Curve(way, shape, {1: float(one["tokens_per_s_per_device"])}, {}, {1: one["_file"]},
                                               source=src)
+    for data in lone:
+        shape, way, src = _shape(data["config"]), f"{_way(data)}, one process (no link)", data["_source"]
+        if (src, shape, way) in curves:
+            way = f"{way} [{Path(data['_file']).stem}]"
+        curves[(src, shape, way)] = Curve(way, shape, {1: data["tokens_per_s_per_device"]}, {}, {1: data["_file"]},
+                                          source=src)
+        if data.get("exposed_comm_share") is not None:
+            curves[(src, shape, way)].exposed_comm[1] = float(data["exposed_comm_share"])
     return sorted(curves.values(), key=lambda c: (c.source, c.shape, c.label))
 
 
