@@ -14,6 +14,7 @@ RECORDED = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s3"
 RECORDED_S4 = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s4"
 RECORDED_S5 = [ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s5" / r for r in ("run1", "run2")]  # run3: profiles, no 1-GPU run
 RECORDED_S6 = [ROOT / "benchmarks" / "results" / "2026-12-01-h200x2-s6" / r for r in ("run1", "run2")]
+RECORDED_S8 = ROOT / "benchmarks" / "results" / "2026-12-01-h200-s8"  # one H200, --ddp-one-process
 chart = load_script(ROOT / "benchmarks" / "scaling_chart.py")
 
 
@@ -151,6 +152,30 @@ def test_shipped_h200_runs_agree_with_their_own_efficiency(study):
             if n > min(c.files):  # a curve's first point is its own base (s6's eager run has no 1-GPU run)
                 own = json.loads(Path(f).read_text())["scaling_efficiency"]
                 assert c.efficiency()[n] == pytest.approx(own, rel=1e-12)
+
+
+@pytest.mark.parametrize("call", ["call1", "call2"])
+def test_shipped_ddp_one_process_runs(call):
+    """The eighth session's --ddp-one-process runs on one H200: each names a plain run of its own
+    call as baseline, its efficiency is its tokens/s over that run's, DDP ran the buckets the
+    config asked for, and each stands as a point of its own."""
+    folder = RECORDED_S8 / call
+    ddp_one = []
+    for f in sorted(folder.glob("*.json")):
+        d = json.loads(f.read_text())
+        if not d.get("ddp_one_process"):
+            continue
+        ddp_one.append(d)
+        base = json.loads((folder / Path(d["baseline"]["file"]).name).read_text())
+        assert scaling.wrapper_family(base) == "DDP" and not base.get("ddp_one_process")
+        assert base["config"]["compile_scope"] == d["config"]["compile_scope"]
+        assert base["compiled_autograd"] == d["compiled_autograd"]
+        assert d["scaling_efficiency"] == pytest.approx(d["tokens_per_s_per_device"] / base["tokens_per_s_per_device"])
+        assert d["ddp"]["bucket_cap_mb"] == d["config"]["bucket_mb"]
+        assert d["ddp"]["gradient_as_bucket_view"] == d["config"]["bucket_view"]
+    lone = [c for c in scaling.training_curves([folder]) if c.label.endswith("one process (no link)")
+            or "one process (no link) [" in c.label]
+    assert len(ddp_one) >= 4 and len(lone) == len(ddp_one)
 
 
 def test_deepspeed_runs_make_their_own_curve(tmp_path):
