@@ -48,6 +48,8 @@ torch.cuda.synchronize()" & load=$!
         NCCL_MAX_CTAS=$c run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b200_ctas${c}_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 200 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
         NCCL_MAX_CTAS=$c run torchrun --standalone --nproc_per_node "$n" benchmarks/allreduce.py --out "$out/allreduce_ctas${c}.json"
       done
+      # DDP's own cost with no link: one process in DDP over a one-rank group, against the plain 1-GPU run
+      run python benchmarks/train_multi_gpu.py --out "$out/p2_ddp1_b100_1gpu.json" --bf16 --compile --ddp-one-process --measure-comm --bucket-mb 100 --bucket-view --baseline "$out/p2_ddp_1gpu.json"
       # headroom: DDP's reducer with PyTorch's noop_hook (nothing crosses the link; the replicas drift apart)
       run accelerate launch --config_file $cfg/ddp.yaml --num_processes "$n" benchmarks/train_multi_gpu.py --out "$out/p2_ddp_b100_noop_${n}gpu.json" --bf16 --compile --measure-comm --bucket-mb 100 --bucket-view --comm-hook noop --baseline "$out/p2_ddp_1gpu.json"
       # NCCL's CTA efficiency policy (NCCL 2.27+): as few CTAs as still give decent bandwidth, for overlap

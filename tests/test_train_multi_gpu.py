@@ -513,3 +513,42 @@ def test_lab02_fsdp_cell_script_needs_gpus(capsys, tmp_path):
     rc = cell.main(["--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "FSDP needs CUDA GPUs" in err
+
+
+def test_every_run_gpu_line_parses_and_validates(tmp_path):
+    """benchmarks/run_gpu.sh holds GPU runs prepared for machines not always lent: each of its
+    train_multi_gpu.py lines (written out, through ``$t`` or through its ``al`` helper) must get
+    past the argument checks here, baseline files aside."""
+    import re
+    import shlex
+
+    shell_vars = {"out": str(tmp_path), "n": "2", "k": "2", "b": "50", "c": "4", "z": "1", "v": "fsdp",
+                  "a": "--batch-per-device 4 --grad-accum 4 --steps 20"}
+
+    def expand(tokens: list[str]) -> list[str]:
+        out = []
+        for tok in tokens:
+            if tok in (";", ";;", "&", "&&"):
+                continue
+            val = re.sub(r"\$\{?(\w+)\}?", lambda m: shell_vars[m.group(1)], tok)
+            out += val.split() if re.fullmatch(r"\$\{?\w+\}?", tok) else [val]
+        return out
+
+    runs = []
+    for ln in (ROOT / "benchmarks" / "run_gpu.sh").read_text().splitlines():
+        code = ln.split(" #")[0].strip()
+        if code.startswith("#") or '"$@"' in code or "--out" not in code:
+            continue
+        if "train_multi_gpu.py " in code:
+            runs.append(expand(shlex.split(code.split("train_multi_gpu.py ", 1)[1])))
+        elif " $t " in code:
+            runs.append(expand(shlex.split(code.split(" $t ", 1)[1])))
+        elif code.startswith("al "):
+            runs.append(["--bf16", *expand(shlex.split(code))[2:]])
+    assert len(runs) >= 30
+    for argv in runs:
+        if "--baseline" in argv:  # written by an earlier line of the same mode
+            i = argv.index("--baseline")
+            del argv[i:i + 2]
+        args = tmg.parse_args(argv)
+        assert tmg.validate(args) is None, argv
