@@ -133,6 +133,17 @@ def test_ddp_on_one_process_is_a_point_of_its_own(tmp_path):
     assert scaling.wrapper_family(ddp_one) == "DDP, one process"
 
 
+def test_repeated_one_gpu_runs_are_all_kept(tmp_path):
+    """Two 1-GPU runs of one program in a folder (a repeat to see the spread): the 2-GPU curve
+    starts at the last by file name, and the other stays a point of its own."""
+    d = write(tmp_path / "s", plain_a=train(1, 100.0, compile_=True), plain_b=train(1, 101.0, compile_=True),
+              solo_a=train(1, 50.0), solo_b=train(1, 51.0), two=train(2, 95.0, compile_=True))
+    c = by_label(scaling.training_curves([d]))
+    assert c["compiled DDP"].per_device == {1: 101.0, 2: 95.0}
+    assert c["compiled, 1 GPU"].per_device == {1: 100.0}
+    assert c["eager, 1 GPU"].per_device == {1: 50.0} and c["eager, 1 GPU [solo_b]"].per_device == {1: 51.0}
+
+
 def test_look_alike_runs_are_both_kept(tmp_path):
     d = write(tmp_path / "s", one=train(1, 100.0), fsdp_a=train(2, 50.0, strategy="FULL_SHARD", dist="FSDP"),
               fsdp_b=train(2, 55.0, strategy="FULL_SHARD", dist="FSDP"))

@@ -163,7 +163,7 @@ def training_curves(paths) -> list[Curve]:
     folder's one-process run of the same shape, compile setting, autograd (plain or Compiled
     Autograd) and wrapper family (:func:`wrapper_family`). A ``--ddp-one-process`` run is a point
     of its own, labelled with its DDP settings: it starts no curve."""
-    singles: dict[tuple, dict] = {}
+    singles: dict[tuple, list[dict]] = {}  # a folder may hold several 1-GPU runs of one program
     multi: list[dict] = []
     lone: list[dict] = []
     for f in _files(paths):
@@ -187,7 +187,7 @@ def training_curves(paths) -> list[Curve]:
         if data.get("ddp_one_process"):
             lone.append(data)
         elif data["world_size"] == 1:
-            singles[_base_key(data)] = data
+            singles.setdefault(_base_key(data), []).append(data)
         else:
             multi.append(data)
     curves: dict[tuple, Curve] = {}
@@ -209,15 +209,19 @@ def training_curves(paths) -> list[Curve]:
             c.per_device[1] = float(base)
             c.files[1] = str((data.get("baseline") or {}).get("file", "baseline"))
     for key, c in curves.items():
-        one = singles.get(single_of[key])
+        one = (singles.get(single_of[key]) or [None])[-1]  # the folder's last one (files sort by name)
         if 1 not in c.per_device and one is not None:
             c.per_device[1] = float(one["tokens_per_s_per_device"])
             c.files[1] = one["_file"]
-    for (src, shape, compiled, autograd, family, loss_scope), one in singles.items():  # a 1-GPU run no curve uses: one point
-        used = {c.per_device.get(1) for c in curves.values() if c.source == src and c.shape == shape}
-        if float(one["tokens_per_s_per_device"]) not in used:
+    for (src, shape, compiled, autograd, family, loss_scope), ones in singles.items():  # 1-GPU runs no curve uses
+        for one in ones:
+            used = {c.per_device.get(1) for c in curves.values() if c.source == src and c.shape == shape}
+            if float(one["tokens_per_s_per_device"]) in used:
+                continue
             way = ("compiled" if compiled else "eager") + ("" if family == "DDP" else f" {family}") + \
                 (", Compiled Autograd" if autograd else "") + (", loss scope" if loss_scope else "") + ", 1 GPU"
+            if (src, shape, way) in curves:  # a repeat of the same program: kept, named by its file
+                way = f"{way} [{Path(one['_file']).stem}]"
             curves[(src, shape, way)] = Curve(way, shape, {1: float(one["tokens_per_s_per_device"])}, {}, {1: one["_file"]},
                                               source=src)
     for data in lone:
