@@ -197,6 +197,14 @@ def _load_config(config: dict | str | Path) -> dict:
     return data
 
 
+# transformers' Gemma3TextConfig defaults for keys a real config may omit: google/gemma-3-4b-it's
+# text_config gives hidden_size, num_hidden_layers and sliding_window only; resaved copies
+# (e.g. YFolla/gemma-3-dnd, transformers 4.50.3) spell out 8 heads, 4 KV heads, head_dim 256, pattern 6.
+_HF_DEFAULTS = {"gemma3_text": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                                "sliding_window": 4096, "sliding_window_pattern": 6,
+                                "max_position_embeddings": 131072}}
+
+
 def _first(cfg: dict, *names: str) -> Any:
     for n in names:
         if cfg.get(n) is not None:
@@ -218,10 +226,16 @@ def from_hf_config(config: dict | str | Path, *, kv_dtype: str | None = None) ->
     sliding, as in transformers' ``Gemma2Attention``), gemma3 and others with
     ``layer_types`` or ``sliding_window_pattern`` (layer i sliding unless (i+1) % pattern
     == 0), deepseek_v2/v3 (``kv_lora_rank``: MLA), gpt2 (``n_layer``, ``n_head``,
-    ``n_embd``) and multimodal configs that nest the decoder under ``text_config``.
-    ``head_dim`` absent: ``hidden_size // num_attention_heads``; ``num_key_value_heads``
-    absent: ``num_attention_heads``. qwen2's ``sliding_window`` counts only with
-    ``use_sliding_window: true`` (then for layers from ``max_window_layers`` on).
+    ``n_embd``), mpt/dbrx (``n_layers``, ``n_heads``, ``attn_config.kv_n_heads``) and
+    multimodal configs that nest the decoder under ``text_config``. KV heads as vLLM's
+    ``ModelConfig.get_total_num_kv_heads``: one with ``multi_query`` (gpt_bigcode, Falcon
+    before ``new_decoder_architecture``), else the first of ``n_head_kv``, ``num_kv_heads``,
+    ``num_key_value_heads``, ``multi_query_group_num`` (ChatGLM, GLM-4-9B), else
+    ``num_attention_heads``. ``head_dim`` absent: ``hidden_size // num_attention_heads``.
+    Keys a gemma3_text config leaves to transformers' defaults (google/gemma-3-4b-it's gives
+    no heads, head_dim or pattern) take those defaults, as vLLM's transformers load does.
+    qwen2's ``sliding_window`` counts only with ``use_sliding_window: true`` (then for
+    layers from ``max_window_layers`` on).
     ``kv_dtype`` (``bf16``, ``fp16``, ``fp32``, ``fp8``) overrides the checkpoint dtype.
     """
     raw = _load_config(config)
@@ -231,15 +245,18 @@ def from_hf_config(config: dict | str | Path, *, kv_dtype: str | None = None) ->
             cfg = {**raw, **raw[nest]}
             break
     model_type = cfg.get("model_type")
-    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _first(cfg, "num_attention_heads", "n_head")
+    for key, value in _HF_DEFAULTS.get(model_type, {}).items():
+        if cfg.get(key) is None:
+            cfg[key] = value
+    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    heads = _first(cfg, "num_attention_heads", "n_head", "n_heads")
     hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
     missing = [n for n, v in (("num_hidden_layers", layers), ("num_attention_heads", heads)) if v is None]
     if missing:
         raise KVConfigError(f"config has no {' or '.join(missing)} (model_type {model_type!r}); "
                             "pass --layers --kv-heads --head-dim instead")
     nbytes = dtype_bytes(kv_dtype) if kv_dtype else _hf_dtype_bytes(cfg)
-    max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    max_pos = _first(cfg, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
     layers, heads = _as_int("num_hidden_layers", layers), _as_int("num_attention_heads", heads)
     common = dict(num_layers=layers, dtype_bytes=nbytes, num_attention_heads=heads,
                   max_position_embeddings=_as_int("max_position_embeddings", max_pos) if max_pos else None,
@@ -256,12 +273,24 @@ def from_hf_config(config: dict | str | Path, *, kv_dtype: str | None = None) ->
         if hidden is None:
             raise KVConfigError(f"config has neither head_dim nor hidden_size (model_type {model_type!r})")
         head_dim = _as_int("hidden_size", hidden) // heads
-    kv_heads = _first(cfg, "num_key_value_heads", "n_head_kv", "num_kv_heads")
-    kv_heads = heads if kv_heads is None else _as_int("num_key_value_heads", kv_heads)
+    kv_heads = _kv_heads(cfg, heads)
 
     window, types = _sliding_layout(cfg, layers, model_type)
     return KVSpec(num_kv_heads=kv_heads, head_dim=_as_int("head_dim", head_dim), sliding_window=window,
                   layer_types=types, **common)
+
+
+def _kv_heads(cfg: dict, heads: int) -> int:
+    """KV heads of the whole model, in the order of vLLM's ``get_total_num_kv_heads``."""
+    falcon_new_arch = cfg.get("model_type") in ("falcon", "RefinedWeb", "RefinedWebModel") and cfg.get(
+        "new_decoder_architecture")
+    if cfg.get("multi_query") and not falcon_new_arch:
+        return 1
+    attn = cfg.get("attn_config")
+    if cfg.get("model_type") in ("mpt", "dbrx") and isinstance(attn, dict):
+        return _as_int("attn_config.kv_n_heads", attn.get("kv_n_heads") or heads)
+    kv = _first(cfg, "n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+    return heads if kv is None else _as_int("num_key_value_heads", kv)
 
 
 def _as_int(name: str, value: Any) -> int:
@@ -531,15 +560,20 @@ def vllm_plan(spec: KVSpec, max_model_len: int, available_kv_bytes: int | None =
 # ---------------------------------------------------------------- vLLM startup logs
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _NUM = r"(\d{1,3}(?:,\d{3})+|\d+)"  # 2,042,016 or 2042016
-_PATTERNS = {
-    "available_kv_gib": re.compile(r"Available KV cache memory:\s*([\d.]+)\s*GiB"),
-    "available_v0_gib": re.compile(r"(?:kv_cache_size=|reserved for KV Cache is\s*)([\d.]+)\s*GiB"),
-    "gpu_blocks": re.compile(r"GPU blocks:\s*" + _NUM + r"(?:,\s*#?\s*CPU blocks:\s*" + _NUM + ")?"),
-    "kv_cache_tokens": re.compile(r"GPU KV cache size:\s*" + _NUM + r"\s*tokens"),
-    "concurrency": re.compile(r"Maximum concurrency for\s*" + _NUM + r"\s*tokens per request:\s*([\d.]+)\s*x"),
-    "needed": re.compile(r"\(([\d.]+)\s*GiB KV cache is needed"),
-    "estimated": re.compile(r"estimated maximum model length is\s*" + _NUM),
-    "max_tokens_v0": re.compile(r"maximum number of tokens that can be stored in KV cache \(" + _NUM + r"\)"),
+_GIB = r"(-?\d+(?:\.\d+)?)\s*GiB"  # signed: v1 logs a negative budget before its "No available memory" error
+_WRAP = 120  # characters either side of a line end searched for a wrapped record
+_DEVICE = r"\b(?i:GPU|cuda|rocm|xpu|hpu|npu|tpu|neuron) blocks:"  # v0 0.7+: "# %s blocks" with the platform name
+_PATTERNS = {  # field -> (literal every match contains, to skip lines cheaply; pattern)
+    "avail": (("Available KV", re.compile(r"Available KV cache memory:\s*" + _GIB)),
+              ("GiB", re.compile(r"(?:kv_cache_size=|reserved for KV Cache is\s*|available_kv_cache_memory[\s=:]*)" + _GIB))),
+    "gpu": ((" blocks:", re.compile(_DEVICE + r"\s*" + _NUM + r"(?:,\s*#?\s*CPU blocks:\s*" + _NUM + ")?")),
+            ("num_gpu_blocks is", re.compile(r"num_gpu_blocks is:\s*" + _NUM))),
+    "tokens": (("KV cache size", re.compile(r"GPU KV cache size:\s*" + _NUM + r"\s*tokens")),),
+    "conc": (("concurrency for", re.compile(r"Maximum concurrency for\s*" + _NUM
+                                             + r"\s*tokens per\s*request:\s*(\d+(?:\.\d+)?)\s*x")),),
+    "needed": (("is needed", re.compile(r"\(?(\d+(?:\.\d+)?)\s*GiB KV\s*cache is needed")),),
+    "est": (("maximum model length", re.compile(r"[Ee]stimated maximum model length is\s*" + _NUM)),),
+    "maxtok": (("stored in KV cache", re.compile(r"maximum number of tokens that can be stored in KV cache \(" + _NUM + r"\)")),),
 }
 
 
@@ -547,7 +581,10 @@ _PATTERNS = {
 class VllmLogSummary:
     """The KV-cache numbers of a vLLM startup log, in order of appearance (one per worker
     where each worker logs its own). ``available_kv_gib`` includes the v0 engine's
-    ``kv_cache_size=X GiB`` and ``the rest of the memory reserved for KV Cache is X GiB``."""
+    ``kv_cache_size=X GiB``, ``the rest of the memory reserved for KV Cache is X GiB`` and
+    ``available_kv_cache_memory X GiB``, and keeps the sign of a negative budget.
+    ``gpu_blocks`` includes ``# cuda blocks: N`` (v0 0.7+) and the v1 API server's
+    ``num_gpu_blocks is: N``."""
 
     available_kv_gib: tuple[float, ...] = ()
     gpu_blocks: tuple[int, ...] = ()
@@ -577,35 +614,64 @@ class VllmLogSummary:
         return self.concurrency[0][1] if self.concurrency else None
 
 
-def parse_vllm_log(text: str) -> VllmLogSummary:
+def parse_vllm_log(text: str | bytes) -> VllmLogSummary:
     """Parse a vLLM startup log (v0 ``# GPU blocks: N, # CPU blocks: M`` or v1
-    ``Available KV cache memory`` / ``GPU KV cache size`` / ``Maximum concurrency``).
+    ``Available KV cache memory`` / ``GPU KV cache size`` / ``Maximum concurrency``, and the
+    two "not enough KV cache" errors).
 
     Tolerates ANSI colours, any prefix (``INFO 05-02 10:11:12 [kv_cache_utils.py:634]``,
-    ``(EngineCore_0 pid=123)``, ``(VllmWorker rank=1 pid=7)``, structured ``msg="..."``)
-    and several workers; numbers may carry thousands commas."""
+    ``(EngineCore_0 pid=123)``, ``(VllmWorker rank=1 pid=7)``, Docker timestamps, structured
+    ``msg="..."``), several workers, several records on one line, CRLF line ends, and a
+    record that a terminal wrapped onto the next line (``... (4.26 GiB KV cach`` /
+    ``e is needed``: matched across one line end). Numbers may carry thousands commas.
+    Text without these records gives an empty summary; bytes are decoded as UTF-8 with
+    replacement; anything else raises :class:`KVConfigError`."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "replace")
+    elif not isinstance(text, str):
+        raise KVConfigError(f"parse_vllm_log needs the log's text (str or bytes), got {type(text).__name__}; "
+                            "read the file first, e.g. Path(p).read_text()")
     out: dict[str, list] = {k: [] for k in ("avail", "gpu", "cpu", "tokens", "conc", "conc_text", "needed", "est", "maxtok")}
-    for line in _ANSI.sub("", text).splitlines():
-        if m := _PATTERNS["available_kv_gib"].search(line) or _PATTERNS["available_v0_gib"].search(line):
-            out["avail"].append(float(m.group(1)))
-        if m := _PATTERNS["gpu_blocks"].search(line):
-            out["gpu"].append(_int(m.group(1)))
-            if m.group(2):
-                out["cpu"].append(_int(m.group(2)))
-        if m := _PATTERNS["kv_cache_tokens"].search(line):
-            out["tokens"].append(_int(m.group(1)))
-        if m := _PATTERNS["concurrency"].search(line):
-            out["conc"].append((_int(m.group(1)), float(m.group(2))))
-            out["conc_text"].append(m.group(2))
-        if m := _PATTERNS["needed"].search(line):
-            out["needed"].append(float(m.group(1)))
-        if m := _PATTERNS["estimated"].search(line):
-            out["est"].append(_int(m.group(1)))
-        if m := _PATTERNS["max_tokens_v0"].search(line):
-            out["maxtok"].append(_int(m.group(1)))
+    for field, m in _matches(_ANSI.sub("", text).splitlines()):
+        _record(out, field, m)
     return VllmLogSummary(tuple(out["avail"]), tuple(out["gpu"]), tuple(out["cpu"]), tuple(out["tokens"]),
                           tuple(out["conc"]), tuple(out["conc_text"]), tuple(out["needed"]), tuple(out["est"]),
                           tuple(out["maxtok"]))
+
+
+def _matches(lines: list[str]):
+    """(field, match) in order of appearance. A record that a terminal wrapped at a line end
+    is found in the seam (the last _WRAP characters of the line plus the first of the next,
+    every pattern being shorter); what it covers of the next line is not matched again."""
+    carry: dict[re.Pattern, int] = {}  # pattern -> where, in this line, a wrapped match ended
+    for i, line in enumerate(lines):
+        tail = line[-_WRAP:]
+        seam = tail + lines[i + 1][:_WRAP] if i + 1 < len(lines) else ""
+        nxt_carry: dict[re.Pattern, int] = {}
+        for field, patterns in _PATTERNS.items():
+            for key, pat in patterns:
+                found = [m for m in pat.finditer(line) if m.start() >= carry.get(pat, 0)] if key in line else []
+                if key in seam:
+                    starts = {m.start() - (len(line) - len(tail)) for m in found}
+                    for m in pat.finditer(seam):
+                        if m.start() < len(tail) < m.end() and m.start() not in starts:
+                            found.append(m)
+                            nxt_carry[pat] = m.end() - len(tail)
+                for m in found:
+                    yield field, m
+        carry = nxt_carry
+
+
+def _record(out: dict[str, list], field: str, m: re.Match) -> None:
+    if field in ("avail", "needed"):
+        out[field].append(float(m.group(1)))
+    elif field == "conc":
+        out["conc"].append((_int(m.group(1)), float(m.group(2))))
+        out["conc_text"].append(m.group(2))
+    else:
+        out[field].append(_int(m.group(1)))
+        if field == "gpu" and m.re.groups == 2 and m.group(2):
+            out["cpu"].append(_int(m.group(2)))
 
 
 def _int(s: str) -> int:
