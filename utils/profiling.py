@@ -21,6 +21,30 @@ Event names and categories, as Kineto writes them (``libkineto/src/ActivityType.
 - ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`` (or
   ``_MultiProcessingDataLoaderIter``): the time the loop waited for its next batch.
 
+Trace files as users have them (``load_events``; the fixtures in ``tests/data/traces`` follow
+each one, with sources in its README):
+
+- torch 1.8-1.9 Kineto wrote the categories ``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``,
+  ``Memset`` (kineto ``tb_plugin/test/gpu_metrics_input.json``); they are read as the names
+  above, as TensorBoard's plugin does (``tb_plugin/.../trace.py``, ``EventTypeMap``).
+- torch without Kineto (``torch.autograd.profiler``, pytorch/pytorch#33961, #95460) wrote no
+  ``cat``: ``pid`` ``"CPU functions"`` events are read as ``cpu_op``, ``"CUDA functions"`` as
+  ``kernel`` (per-op GPU time there, not per kernel; ``tid`` is the device).
+- Only complete events (``ph`` ``X``) and ``B``/``E`` pairs (paired per thread, as the Trace
+  Event Format nests them) carry durations; metadata (``M``), flows (``s``/``f``: ``ac2g``,
+  ``fwdbwd``), counters (``C``) and instants (``i``/``I``, e.g. ``Record Window End``) are
+  skipped. ``ts``/``dur`` are microseconds even with ``"displayTimeUnit": "ns"`` (a viewer
+  setting; catapult ``tracing/test_data/nanoseconds.json``); numeric strings are accepted,
+  fractional (ns-resolution) values kept. ``pid``/``tid`` may be strings (``"Spans"``,
+  ``"stream 7"``); Kineto's own ``Trace`` span (``pid`` ``"Spans"``) is not work: a trace without
+  steps leaves it out of its analysis window.
+- Files are plain or gzipped JSON (detected by content, not name: ``*.pt.trace.json.gz`` from
+  ``tensorboard_trace_handler``), an object with ``traceEvents`` or a bare list. Raw control
+  characters in strings are accepted (TensorBoard's plugin reads Kineto files with
+  ``strict=False``), and so are the unescaped Windows backslashes of kineto#336.
+- JAX/TensorBoard (XLA) traces and other Chrome traces carry none of these categories:
+  :func:`summarize` says so in one line instead of guessing.
+
 Why hand-written: Holistic Trace Analysis (``pip install HolisticTraceAnalysis``) computes a
 similar temporal breakdown (idle / compute / non-compute) but needs pandas and a trace
 directory, and gives no data-loader, sync or launch counts per step and no diagnosis; a few
@@ -35,8 +59,11 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import math
 import os
+import re
 import tempfile
+import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -46,13 +73,25 @@ from typing import Any
 STEP_PREFIX = "ProfilerStep#"
 LOADER_PREFIX = "enumerate(DataLoader)#"
 LOADER_SUFFIX = "DataLoaderIter.__next__"
+# ROCm builds of torch trace the HIP names (hipLaunchKernel, hipExtModuleLaunchKernel, ...:
+# kineto's RoctracerActivityApi list) under the same categories.
 LAUNCH_PREFIXES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel",
-                   "cuLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch")
+                   "cuLaunchCooperativeKernel", "cudaGraphLaunch", "cuGraphLaunch",
+                   "hipLaunchKernel", "hipExtLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel",
+                   "hipGraphLaunch")
 SYNC_API_PREFIXES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-                     "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
+                     "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+                     "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize")
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
 COMM_KERNEL_MARKERS = ("nccl",)  # NCCL kernels: ncclKernel_* in older releases, ncclDevKernel_* in recent ones
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "cuda_event"})
+# Categories a PyTorch profiler trace carries (libkineto ActivityType names); a trace with none
+# of them is not one this module can read.
+KINETO_CATS = GPU_CATS | {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function",
+                          "cpu_instant_event", "cuda_profiler_range", "overhead"}
+# torch 1.8-1.9 names (lower-cased) -> current ones; "Kernel" lower-cases to "kernel" itself
+_LEGACY_CATS = {"operator": "cpu_op", "runtime": "cuda_runtime", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
+_LEGACY_PIDS = {"CPU functions": "cpu_op", "CUDA functions": "kernel"}  # torch.autograd.profiler without Kineto
 # Kernel-name fragments of matmul / convolution / attention kernels: cuBLAS (sm90_xmma_gemm_*,
 # nvjet_* on Hopper, ampere_sgemm_*), CUTLASS, cuDNN (implicit_convolve_sgemm, *_fprop/dgrad/wgrad),
 # flash/fmha attention, Inductor's triton_tem_ matmul templates. Not "conv": it matches "convert".
@@ -122,43 +161,127 @@ def _from_function_event(fe: Any) -> Event:
     return Event(name, cat, float(start), float(end - start), pid, tid, args)
 
 
+def _us(d: dict, key: str, default: float | None = None) -> float:
+    """``d[key]`` in microseconds: a number or a numeric string, finite; else a one-line error."""
+    v = d.get(key)
+    if v is None and default is not None:
+        return default
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not math.isfinite(x) or isinstance(v, bool):
+        raise ValueError(f"trace event {str(d.get('name', '?'))[:60]!r} has {key}={v!r:.30}: "
+                         "expected a number of microseconds")
+    return x
+
+
+def _hashable(v: Any) -> Any:
+    return v if v is None or isinstance(v, (int, float, str)) else str(v)
+
+
+def _dict(v: Any) -> dict:
+    return dict(v) if isinstance(v, dict) else {}
+
+
+def _category(d: dict) -> str:
+    """The event's category under its current Kineto name (module docstring: older spellings)."""
+    cat = d.get("cat")
+    if cat is None:
+        return _LEGACY_PIDS.get(d.get("pid"), "") if isinstance(d.get("pid"), str) else ""
+    low = str(cat).lower()
+    return _LEGACY_CATS.get(low, low if low in KINETO_CATS else str(cat))
+
+
 def _from_dict(d: dict) -> Event | None:
+    """A complete ("X") event dict as an Event; None for every other phase or a nameless one."""
     if d.get("ph", "X") != "X" or "ts" not in d or "name" not in d:
         return None
-    return Event(str(d["name"]), str(d.get("cat", "")), float(d["ts"]), float(d.get("dur", 0.0)),
-                 d.get("pid", 0), d.get("tid", 0), d.get("args") or {})
+    args = _dict(d.get("args"))
+    if "External id" not in args and "external id" in args:  # torch 1.8 spelled it in lower case
+        args["External id"] = args["external id"]
+    cat = _category(d)
+    if d.get("cat") is None and cat == "kernel":  # legacy CUDA functions: tid is the device
+        args.setdefault("device", _hashable(d.get("tid", 0)))
+    return Event(str(d["name"]), cat, _us(d, "ts"), max(0.0, _us(d, "dur", 0.0)),
+                 _hashable(d.get("pid", 0)), _hashable(d.get("tid", 0)), args)
+
+
+def _paired(begins_ends: list[dict]) -> list[Event]:
+    """Complete events from "B"/"E" pairs: per (pid, tid), in time order, an "E" closes the
+    latest open "B" (the Trace Event Format requires them nested per thread); the "E" may omit
+    name and category, its args are merged in. A "B" never closed is dropped."""
+    open_: dict[Any, list[dict]] = defaultdict(list)
+    out = []
+    for d in sorted(begins_ends, key=lambda d: _us(d, "ts")):
+        key = (_hashable(d.get("pid", 0)), _hashable(d.get("tid", 0)))
+        if d["ph"] == "B":
+            open_[key].append(d)
+        elif open_[key]:
+            b = open_[key].pop()
+            args = {**_dict(b.get("args")), **_dict(d.get("args"))}
+            merged = {**b, "ph": "X", "dur": _us(d, "ts") - _us(b, "ts"), "args": args}
+            ev = _from_dict(merged)
+            if ev is not None:
+                out.append(ev)
+    return out
+
+
+def _read_trace_file(path: Path) -> Any:
+    """The JSON in ``path``, gunzipped when it starts with the gzip magic bytes."""
+    if path.is_dir():
+        raise FileNotFoundError(f"{path} is a directory: pass one trace file from it "
+                                "(tensorboard_trace_handler writes one *.pt.trace.json[.gz] per worker and step)")
+    if not path.is_file():
+        raise FileNotFoundError(f"no trace at {path}: pass the file prof.export_chrome_trace(...) wrote")
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        text = raw.decode("utf-8")
+        try:
+            return json.loads(text, strict=False)
+        except json.JSONDecodeError as first:
+            # kineto#336: older Kineto wrote Windows paths (with_stack) with raw backslashes
+            fixed = re.sub(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})?', lambda m: m[0] if m[1] else "\\\\", text)
+            if fixed == text:
+                raise
+            try:
+                return json.loads(fixed, strict=False)
+            except json.JSONDecodeError:
+                raise first from None
+    except (ValueError, OSError, EOFError, zlib.error) as exc:  # bad JSON or UTF-8, bad or truncated gzip
+        raise ValueError(f"{path} is not a Chrome-trace JSON file ({exc.__class__.__name__}: {exc})") from None
 
 
 def load_events(source: Any) -> list[Event]:
-    """Trace events from a path (``.json`` or ``.json.gz``), a trace dict, a list of event
-    dicts, ``prof.events()``, or a ``torch.profiler.profile`` (exported to a temp file)."""
+    """Trace events from a path (JSON, gzipped or not), a trace dict, a list of event dicts,
+    ``prof.events()``, or a ``torch.profiler.profile`` (exported to a temp file). Only events
+    with a duration are kept (see the module docstring for the formats read)."""
     if hasattr(source, "export_chrome_trace"):
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             source.export_chrome_trace(str(path))
             return load_events(path)
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no trace at {path}: pass the file prof.export_chrome_trace(...) wrote")
-        opener = gzip.open if path.name.endswith(".gz") else open
-        try:
-            with opener(path, "rt", encoding="utf-8") as f:
-                source = json.load(f)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"{path} is not a Chrome-trace JSON file ({exc.__class__.__name__}: {exc})") from None
+        source = _read_trace_file(Path(source))
     if isinstance(source, dict):
         if "traceEvents" not in source:
             raise ValueError("a trace dict needs a 'traceEvents' list (the format prof.export_chrome_trace writes)")
         source = source["traceEvents"]
+        if not isinstance(source, list):
+            raise ValueError(f"'traceEvents' must be a list of event dicts, got {type(source).__name__}")
     if not isinstance(source, (list, tuple)):
         raise ValueError(f"cannot read trace events from a {type(source).__name__}: pass a path, a trace dict, "
                          "a list of event dicts, prof.events() or the profiler")
-    events = []
+    events, begins_ends = [], []
     for item in source:
         if isinstance(item, Event):
             events.append(item)
         elif isinstance(item, dict):
+            if item.get("ph") in ("B", "E") and "ts" in item:
+                begins_ends.append(item)
+                continue
             ev = _from_dict(item)
             if ev is not None:
                 events.append(ev)
@@ -166,7 +289,7 @@ def load_events(source: Any) -> list[Event]:
             events.append(_from_function_event(item))
         else:
             raise ValueError(f"not a trace event: {item!r:.80}")
-    return events
+    return events + _paired(begins_ends)
 
 
 # ---------------------------------------------------------------- pure pieces
@@ -249,12 +372,13 @@ def comm_overlap(events: list[Event], window: tuple[float, float] | None = None)
 def analysis_window(events: list[Event], windows: list[tuple[float, float]] | None = None) -> tuple[float, float]:
     """The wall span the per-step numbers cover: from the first step's start to the later of
     the last step's end and the last kernel's end (the GPU may still be working on the last
-    step's kernels when the CPU finishes it). Without step annotations: all events."""
+    step's kernels when the CPU finishes it). Without step annotations: all events but
+    Kineto's ``Trace`` span (the profiler's own start-to-stop bookkeeping)."""
     windows = step_windows(events) if windows is None else windows
     kernel_ends = [e.end for e in events if e.cat == "kernel"]
     if windows:
         return windows[0][0], max([windows[-1][1], *kernel_ends])
-    xs = [e for e in events if not e.name.startswith(STEP_PREFIX)]
+    xs = [e for e in events if not e.name.startswith(STEP_PREFIX) and e.cat != "Trace"]
     if not xs:
         raise ValueError("the trace has no complete ('X') events to summarise")
     return min(e.ts for e in xs), max(e.end for e in xs)
@@ -587,6 +711,14 @@ def summarize(source: Any, steps: int | None = None, top: int = 5) -> ProfileSum
     ``steps`` defaults to the number of ``ProfilerStep#N`` annotations; a trace without them
     (a profile with no schedule) needs ``steps`` to turn totals into per-step numbers."""
     events = load_events(source)
+    if not events:
+        raise ValueError("the trace holds no events with a duration (only metadata, flows or instants?): "
+                         "export it with prof.export_chrome_trace(path) after the profiled steps")
+    if not any(e.cat in KINETO_CATS for e in events):
+        cats = sorted({e.cat for e in events})[:5]
+        raise ValueError(f"not a PyTorch profiler trace: none of its {len(events)} events has a torch.profiler "
+                         f"category (cpu_op, kernel, user_annotation...; found {cats}); JAX/TensorBoard and other "
+                         "Chrome traces are not supported")
     windows = step_windows(events)
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
