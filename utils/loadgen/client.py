@@ -10,14 +10,34 @@ small machine.
 
 Timing follows vLLM ``benchmarks/serve.py`` (REFERENCE.md, "LLM load metrics"): the clock
 starts just before the request is handed to aiohttp; TTFT is the first chunk that carries
-generated text; every later text chunk adds one inter-token gap (ITL); E2E latency ends at
-the last data event (the usage chunk included, ``[DONE]`` excluded). A stream is complete
-when it sends ``data: [DONE]`` or a ``finish_reason``: servers such as ``transformers
-serve`` end without ``[DONE]``.
+generated text (content, reasoning or a tool call; never the role-only first chunk that
+vLLM, SGLang and OpenAI send); every later text chunk adds one inter-token gap (ITL); E2E
+latency ends at the last data event (the usage chunk included, ``[DONE]`` excluded). A
+stream is complete when it sends ``data: [DONE]`` or a ``finish_reason``: servers such as
+``transformers serve`` end without ``[DONE]``; reading stops at ``[DONE]``, as the OpenAI
+SDK's does, so a server that keeps the response open after it does not cause a timeout.
+Output tokens come from the server's ``usage`` when it sends one (a chunk may carry several
+tokens), else they are the count of text chunks.
+
+Two points differ from vLLM's own client (``benchmarks/lib/endpoint_request_func.py``), on
+purpose: its chat client starts TTFT at the first chunk with ``choices``, the role-only one
+included, which servers send before computing any token; and its E2E ends at the last chunk
+with ``choices``, before the usage chunk. On a server that sends both, vLLM's client reads a
+shorter TTFT and E2E than this one.
+
+The parser follows the SSE rules real servers rely on: ``\\n``, ``\\r\\n`` (sse-starlette) or
+``\\r`` line endings, comments (``: ping`` keep-alives), ``event:``/``id:``/``retry:`` lines,
+the data lines of one event joined, and a last event not closed by a blank line. An error
+sent inside a 200 response fails the request as ``stream_error`` in the shapes servers use:
+``data: {"error": ...}`` (OpenAI, vLLM, SGLang, LiteLLM, llama.cpp, TGI's string form),
+``{"object": "error", ...}``, ``event: error``, and the ``error:`` field of older llama.cpp
+servers (``server_sent_event(sink, "error", ...)``): a request cut short by the server never
+counts as completed with a truncated output.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -35,9 +55,13 @@ TIMEOUT = "timeout"
 CONNECTION = "connection_error"
 DROPPED = "dropped_stream"
 MALFORMED = "malformed_chunk"
-STREAM_ERROR = "stream_error"
+STREAM_ERROR = "stream_error"  # the server reported an error inside a 200 response
 EMPTY = "empty_output"
 CANCELLED = "cancelled"  # still in flight when --max-duration-s ran out: counted apart, not a failure
+# After [DONE], how long the end of the body may take: the end normally comes with [DONE] and the
+# connection is kept for the next request; a server that holds the response open costs this much
+# per request (and a new connection), not a timeout.
+DONE_DRAIN_S = 0.25
 
 
 @dataclass(slots=True)
@@ -109,36 +133,64 @@ def make_session(timeout_s: float, api_key: str | None = None) -> aiohttp.Client
         cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False)
 
 
+def _error_message(obj):
+    """The message of an error object, in the shapes servers send: ``{"error": {"message": ...}}``
+    (OpenAI, vLLM, SGLang, llama.cpp, Ollama, LiteLLM), ``{"object": "error", "message": ...}``
+    (older vLLM), ``{"error": "...", "error_type": ...}`` (TGI), ``{"detail": ...}`` (FastAPI)."""
+    if isinstance(obj, dict):
+        for key in ("message", "error", "detail"):
+            if obj.get(key):
+                return _error_message(obj[key])
+        return None
+    return obj
+
+
 def _error_text(raw: bytes) -> str:
+    """One line of at most 300 characters: the server's message if the body is a known error object."""
     text = raw.decode("utf-8", "replace").strip()
     try:
-        obj = json.loads(text)
-        msg = obj.get("message") or obj.get("detail") or (obj.get("error") or {}).get("message") or text
-        text = msg if isinstance(msg, str) else json.dumps(msg)
-    except (ValueError, AttributeError):
+        msg = _error_message(json.loads(text))
+        if msg:
+            text = msg if isinstance(msg, str) else json.dumps(msg)
+    except ValueError:
         pass
     return " ".join(text.split())[:300]
 
 
+def _is_error(obj: dict) -> bool:
+    return obj.get("error") is not None or obj.get("object") == "error"
+
+
 def _chunk_text(choice: dict):
+    """The generated text of one choice: ``text`` (completions), else the delta's (or message's)
+    content, reasoning (``reasoning_content``: SGLang, llama.cpp, older vLLM; ``reasoning``: vLLM,
+    Ollama), refusal (OpenAI) or tool call (name and arguments, in a list or, as TGI's router
+    has sent it, one object). A role-only delta has none."""
     text = choice.get("text")
     if text is None:
         delta = choice.get("delta") or choice.get("message")
         if delta:
-            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            text = (delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                    or delta.get("refusal"))
+            if not text and (calls := delta.get("tool_calls")):
+                fns = [c.get("function") or {} for c in (calls if isinstance(calls, list) else [calls])]
+                text = "".join((f.get("name") or "") + (f.get("arguments") or "") for f in fns)
     return text
 
 
 async def send(session: aiohttp.ClientSession, url: str, body: bytes, rec: RequestRecord, *,
                stream: bool, t_origin: float) -> None:
-    """Send one request and fill ``rec``; never raises for a server's fault (it is recorded)."""
+    """Send one request and fill ``rec``; never raises for a server's fault (it is recorded, with a
+    one-line ``detail``: the server's message, and its ``Retry-After`` when it sends one)."""
     t0 = perf_counter()
     rec.sent_s = t0 - t_origin
     try:
         async with session.post(url, data=body) as resp:
             if resp.status != 200:
                 raw = await resp.read()
-                rec.reason, rec.detail = HTTP.format(status=resp.status), _error_text(raw)
+                rec.reason, rec.detail = HTTP.format(status=resp.status), _error_text(raw) or resp.reason or ""
+                if resp.headers.get("Retry-After"):
+                    rec.detail += f" (Retry-After: {resp.headers['Retry-After']})"
             else:
                 try:
                     await (_read_stream if stream else _read_whole)(resp, rec, t0)
@@ -149,7 +201,8 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, rec: Reque
     except _StreamFailure as e:
         rec.reason, rec.detail = e.reason, e.detail
     except asyncio.TimeoutError:
-        rec.reason, rec.detail = TIMEOUT, "no complete answer within --timeout-s"
+        total = getattr(getattr(session, "timeout", None), "total", None)
+        rec.reason, rec.detail = TIMEOUT, "no complete answer within --timeout-s" + (f" ({total:g} s)" if total else "")
     except (aiohttp.ClientError, ConnectionError) as e:
         rec.reason, rec.detail = CONNECTION, f"{type(e).__name__}: {e}"
     except asyncio.CancelledError:
@@ -157,6 +210,77 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, rec: Reque
         raise
     rec.done_s = perf_counter() - t_origin
     rec.ok = not rec.reason
+    if rec.detail:
+        rec.detail = " ".join(rec.detail.split())[:400]
+
+
+def _parse_events(block: bytes) -> list[tuple[bool, list[bytes]]]:
+    """The SSE events of ``block`` (LF line endings, events apart by blank lines) that carry data:
+    ``(is_error, data lines)`` each. Comments and ``id:``/``retry:`` lines are skipped; ``event:
+    error``, or llama.cpp's non-standard ``error:`` field, marks an error event."""
+    events = []
+    for event in block.split(b"\n\n"):
+        lines, error = [], False
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                value = line[5:].strip()
+            elif line.startswith(b"error:"):
+                value, error = line[6:].strip(), True
+            else:
+                if line.startswith(b"event:"):
+                    error = line[6:].strip() == b"error"
+                continue
+            if value:
+                lines.append(value)
+        if lines:
+            events.append((error, lines))
+    return events
+
+
+async def _sse_reads(resp: aiohttp.ClientResponse):
+    """Per read from the socket, its time and the events it completed (``_parse_events``). A
+    ``\\r\\n`` split across two reads is joined; a last event without its blank line counts at the
+    end of the body; a body with no events at all is ``malformed_chunk``."""
+    buf = first = b""
+    now = None
+    cr_pending = seen = False
+    async for data in resp.content.iter_any():
+        now = perf_counter()
+        first = first or data[:80]
+        if cr_pending and data[:1] == b"\n":
+            data = data[1:]
+        cr_pending = data[-1:] == b"\r"
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        buf = buf + data if buf else data
+        k = buf.rfind(b"\n\n")
+        if k >= 0:
+            events, buf = _parse_events(buf[:k]), buf[k + 2:]
+            if events:
+                seen = True
+                yield now, events
+    rest = buf.strip()
+    events = _parse_events(rest) if rest else []
+    if events:
+        yield now, events
+    elif rest:
+        with contextlib.suppress(ValueError):
+            obj = json.loads(rest)
+            if isinstance(obj, dict) and _is_error(obj):  # a bare JSON error object, no SSE framing
+                raise _StreamFailure(STREAM_ERROR, _error_text(rest))
+        if not seen:
+            raise _StreamFailure(MALFORMED, f"no server-sent data events; the body starts {first!r}")
+
+
+def _load(lines: list[bytes]) -> list:
+    """The JSON objects of one event: its data lines joined (the SSE rule), or, if that is not JSON,
+    one object per line (a server that put several objects in one event)."""
+    if len(lines) == 1:
+        return [json.loads(lines[0])]
+    try:
+        return [json.loads(b"\n".join(lines))]
+    except ValueError:
+        return [json.loads(x) for x in lines]
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, t0: float) -> None:
@@ -165,52 +289,48 @@ async def _read_stream(resp: aiohttp.ClientResponse, rec: RequestRecord, t0: flo
     n_text = 0
     usage_tokens = prompt_tokens = None
     finished = done = False
-    buf = b""
-    loads = json.loads
-    async for data in resp.content.iter_any():
-        now = perf_counter()
-        buf = buf + data if buf else data
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        while True:
-            k = buf.find(b"\n\n")
-            if k < 0:
-                break
-            event, buf = buf[:k], buf[k + 2:]
-            for line in event.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue  # SSE comments, event:, id:, retry:
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
+    reads = _sse_reads(resp)
+    try:
+        async for now, events in reads:
+            for error, lines in events:
+                if error:
+                    raise _StreamFailure(STREAM_ERROR, _error_text(b"\n".join(lines)))
+                if b"[DONE]" in lines:
                     done = True
-                    continue
+                    lines = [x for x in lines if x != b"[DONE]"]
+                    if not lines:
+                        continue
                 try:
-                    obj = loads(payload)
-                    choices = obj.get("choices")
-                    if choices:
-                        c = choices[0]
-                        text = _chunk_text(c)
-                        if text:
-                            if first is None:
-                                first = now
-                            else:
-                                itl.append(now - last_text)
-                            last_text = now
-                            n_text += 1
-                        if c.get("finish_reason"):
-                            finished = True
-                    elif obj.get("error") is not None:
-                        raise _StreamFailure(STREAM_ERROR, _error_text(payload))
-                    usage = obj.get("usage")
-                    if usage:
-                        usage_tokens = usage.get("completion_tokens")
-                        prompt_tokens = usage.get("prompt_tokens")
+                    for obj in _load(lines):
+                        choices = obj.get("choices")
+                        if choices:
+                            c = choices[0]
+                            if _chunk_text(c):
+                                if first is None:
+                                    first = now
+                                else:
+                                    itl.append(now - last_text)
+                                last_text = now
+                                n_text += 1
+                            if c.get("finish_reason"):
+                                finished = True
+                        elif _is_error(obj):
+                            raise _StreamFailure(STREAM_ERROR, _error_text(b"\n".join(lines)))
+                        usage = obj.get("usage")
+                        if usage:
+                            usage_tokens = usage.get("completion_tokens")
+                            prompt_tokens = usage.get("prompt_tokens")
                 except (ValueError, AttributeError, TypeError, IndexError, KeyError) as e:
-                    raise _StreamFailure(MALFORMED, f"{type(e).__name__} on chunk {payload[:80]!r}") from None
+                    raise _StreamFailure(MALFORMED, f"{type(e).__name__} on chunk {lines[0][:80]!r}") from None
                 last_event = now
+            if done:
+                break
+    finally:
+        await reads.aclose()
+    if done and not resp.content.at_eof():  # the end of the body normally follows [DONE] at once
+        with contextlib.suppress(asyncio.TimeoutError, aiohttp.ClientError, ConnectionError):
+            await asyncio.wait_for(resp.content.read(), DONE_DRAIN_S)  # else aiohttp closes the connection
     if last_event is None and not done:
-        if buf.strip():
-            raise _StreamFailure(MALFORMED, f"no server-sent data events; the body starts {buf[:80]!r}")
         raise _StreamFailure(DROPPED, "the stream ended before any data")
     if not (done or finished):
         raise _StreamFailure(DROPPED, "stream ended before data: [DONE] or a finish_reason")
@@ -230,18 +350,20 @@ async def _read_whole(resp: aiohttp.ClientResponse, rec: RequestRecord, t0: floa
     now = perf_counter()
     try:
         obj = json.loads(raw)
+        if isinstance(obj, dict) and _is_error(obj):
+            raise _StreamFailure(STREAM_ERROR, _error_text(raw))
         text = _chunk_text(obj["choices"][0]) or ""
         usage = obj.get("usage") or {}
+        completion_tokens, pt = usage.get("completion_tokens"), usage.get("prompt_tokens")
     except (ValueError, AttributeError, TypeError, IndexError, KeyError) as e:
         raise _StreamFailure(MALFORMED, f"{type(e).__name__} on body {raw[:80]!r}") from None
     if not text:
         raise _StreamFailure(EMPTY, "response without any generated text")
     rec.e2el_s = now - t0
-    if isinstance(usage.get("completion_tokens"), int):
-        rec.output_tokens, rec.tokens_from_usage = usage["completion_tokens"], True
-    else:
-        rec.output_tokens = len(text.split())  # no usage: words, a rough stand-in for tokens
-    pt = usage.get("prompt_tokens")
+    if isinstance(completion_tokens, int):
+        rec.output_tokens, rec.tokens_from_usage = completion_tokens, True
+    else:  # no usage: words, a rough stand-in for tokens
+        rec.output_tokens = len(text.split()) if isinstance(text, str) else 1
     rec.prompt_tokens = pt if isinstance(pt, int) else None
 
 

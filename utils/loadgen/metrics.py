@@ -21,9 +21,11 @@ from utils.loadgen.client import CANCELLED, RequestRecord
 
 DEFINITIONS = {
     "source": "vLLM benchmarks/serve.py definitions (REFERENCE.md, 'LLM load metrics')",
-    "ttft_ms": "time to first token: request handed to the HTTP client -> first chunk carrying generated text",
+    "ttft_ms": "time to first token: request handed to the HTTP client -> first chunk carrying generated text "
+               "(content, reasoning or a tool call; not a role-only chunk)",
     "tpot_ms": "time per output token, excluding the first: (e2el - ttft) / (output_tokens - 1), per request "
-               "with >= 2 tokens, then averaged over requests",
+               "with >= 2 tokens, then averaged over requests; output_tokens from the server's usage when sent, "
+               "else the count of text chunks (output_tokens_source)",
     "itl_ms": "inter-token latency: every gap between consecutive text chunks, pooled over all requests",
     "e2el_ms": "end-to-end latency: request sent -> last data event of the response ([DONE] excluded)",
     "request_throughput": "completed requests / duration_s (req/s)",
