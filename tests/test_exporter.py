@@ -424,3 +424,315 @@ def test_cli_port_in_use_is_one_line():
         r = _cli("--port", str(s.getsockname()[1]))
     assert r.returncode == 2
     assert "already in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- audit: exposition formats, naming, and NVML's real failure modes --------------------------
+# The fakes below raise nvidia-ml-py's own exceptions (pynvml.NVMLError(code) becomes
+# NVMLError_NotSupported, NVMLError_GpuIsLost, ...), so the error names are the real ones.
+
+import math  # noqa: E402
+import shutil  # noqa: E402
+import threading  # noqa: E402
+
+import pynvml  # noqa: E402
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest  # noqa: E402
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics  # noqa: E402
+
+
+class RealErrors(FakePynvml):
+    """FakePynvml failing with pynvml's exceptions: ``fail[call] = (NVML_ERROR_x, gpus)``
+    (``gpus`` None: every GPU). ``nvmlInit`` may fail too; ``inits`` counts the attempts."""
+
+    NVMLError = pynvml.NVMLError
+    NVMLError_Timeout = pynvml.NVMLError_Timeout
+
+    def __init__(self, *args, fail=None, **kw):
+        super().__init__(*args, **kw)
+        self.fail = dict(fail or {})
+        self.inits = 0
+
+    def nvmlInit(self):
+        self.inits += 1
+        if "nvmlInit" in self.fail:
+            raise pynvml.NVMLError(self.fail["nvmlInit"][0])
+
+    def __getattribute__(self, name):
+        attr = super().__getattribute__(name)
+        if not name.startswith("nvml") or name == "nvmlInit":
+            return attr
+        rule = object.__getattribute__(self, "fail").get(name)
+        if rule is None:
+            return attr
+        code, gpus = rule
+
+        def failing(*args):
+            first = args[0] if args else None
+            index = first if isinstance(first, int) else getattr(first, "index", None)
+            if gpus is None or index in gpus:
+                raise pynvml.NVMLError(code)
+            return attr(*args)
+
+        return failing
+
+
+def errors_by(fams) -> dict:
+    return {(s.labels["call"], s.labels["error"]): s.value for s in fams["gpulab_exporter_nvml_errors"].samples}
+
+
+def gpus_with(fams, name) -> set:
+    return set(samples(fams, name))
+
+
+def test_exposition_is_valid_text_and_openmetrics_with_stable_labels():
+    with fake_nvml(FakePynvml(n_gpus=2)):
+        reg, exp, _ = make()
+        exp.refresh()
+        exp.refresh()
+        first, text = families(reg)
+        exp.refresh()
+        second, _ = families(reg)
+        om = openmetrics_latest(reg).decode()
+    # OpenMetrics (what prometheus_client's own server negotiates): the whole page parses,
+    # the energy counter's samples carry _total there, and only there
+    om_fams = {f.name: f for f in parse_openmetrics(om)}
+    energy = om_fams["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    assert energy.type == "counter"
+    assert {s.name for s in energy.samples} == {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total"}
+    assert "\nDCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{" in text  # dcgm-exporter's bare name on /metrics
+    for fam in first.values():
+        assert fam.documentation.strip(), f"{fam.name} has no HELP"
+    label_names = {name: {frozenset(s.labels) for s in fam.samples} for name, fam in first.items()}
+    assert label_names == {name: {frozenset(s.labels) for s in fam.samples} for name, fam in second.items()}
+    dcgm = {label_names[spec.name].pop() for spec in ex.DCGM_METRICS}
+    assert dcgm == {frozenset(ex.LABELS)}  # one label set for every GPU metric
+    for name, fam in first.items():  # our own names follow the conventions: snake_case, _total on counters only
+        if name.startswith("gpulab_"):
+            assert name == name.lower() and not name.endswith("_total")
+            assert all(s.name.endswith("_total") == (fam.type == "counter") for s in fam.samples)
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
+def test_promtool_flags_only_dcgm_exporters_own_choices():
+    with fake_nvml(FakePynvml(n_gpus=1)):
+        reg, exp, _ = make()
+        exp.refresh()
+        exp.refresh()
+        exp._count("nvmlDeviceGetPowerUsage", "test", "NVML_ERROR_NOT_SUPPORTED")
+        text = ex.render(reg).decode()
+    r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    lint = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    assert lint, "promtool should flag the DCGM names"
+    for line in lint:  # camelCase labels (modelName, UUID, Hostname) and the bare energy counter, nothing else
+        assert line.startswith("DCGM_FI_"), line
+        assert "camelCase" in line or ("TOTAL_ENERGY_CONSUMPTION" in line and '"_total" suffix' in line), line
+
+
+@pytest.mark.parametrize("call, code, gpus, metrics", [
+    ("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_NOT_SUPPORTED, {0}, ["DCGM_FI_DEV_POWER_USAGE"]),  # GeForce, some T4s
+    ("nvmlDeviceGetUtilizationRates", pynvml.NVML_ERROR_NOT_SUPPORTED, None,  # a MIG-enabled GPU
+     ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"]),
+    ("nvmlDeviceGetTotalEnergyConsumption", pynvml.NVML_ERROR_NOT_SUPPORTED, None,  # before Volta
+     ["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]),
+    ("nvmlDeviceGetTemperature", pynvml.NVML_ERROR_TIMEOUT, {1}, ["DCGM_FI_DEV_GPU_TEMP"]),
+    ("nvmlDeviceGetClockInfo", pynvml.NVML_ERROR_NO_PERMISSION, None,
+     ["DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK"]),
+    ("nvmlGpmSampleGet", pynvml.NVML_ERROR_NO_PERMISSION, None, ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]),
+    ("nvmlEventSetCreate", pynvml.NVML_ERROR_NO_PERMISSION, None, ["DCGM_FI_DEV_XID_ERRORS"]),  # events need root
+])
+def test_an_nvml_error_leaves_its_metric_out_and_names_the_error(call, code, gpus, metrics):
+    error = pynvml.NVMLError(code)
+    name = next(k for k, v in vars(pynvml).items() if k.startswith("NVML_ERROR_") and v == code)
+    with fake_nvml(RealErrors(n_gpus=2, fail={call: (code, gpus)})):
+        reg, exp, logs = make()
+        for _ in range(3):
+            exp.refresh()
+        fams, _ = families(reg)
+    hit = {"0", "1"} if gpus is None else {str(g) for g in gpus}
+    for metric in metrics:  # absent on the GPUs that failed (not 0, not NaN), present on the others
+        assert gpus_with(fams, metric) == {"0", "1"} - hit, metric
+    assert gpus_with(fams, "DCGM_FI_DEV_FB_USED") == {"0", "1"}  # the other fields still read
+    assert not any(math.isnan(s.value) for f in fams.values() for s in f.samples)
+    errors = errors_by(fams)
+    assert errors.get((call, name), 0) >= 1 and all(e == name for _, e in errors), errors
+    assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 1
+    assert len(logs) == 1 and len(logs[0].splitlines()) == 1, logs
+    assert f"{call} failed ({type(error).__name__}: {error})" in logs[0] and name in logs[0]
+
+
+def test_a_gpu_that_fell_off_the_bus():
+    lost = ["nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPowerUsage",
+            "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetTemperature", "nvmlDeviceGetClockInfo",
+            "nvmlGpmSampleGet", "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo",
+            "nvmlDeviceGetMinorNumber"]
+    fake = RealErrors(n_gpus=2)
+    with fake_nvml(fake):
+        reg, exp, logs = make()
+        exp.refresh()
+        fake.xid_events.append((1, 79))  # Xid 79: GPU has fallen off the bus
+        fake.fail = {c: (pynvml.NVML_ERROR_GPU_IS_LOST, {1}) for c in lost}
+        exp.refresh()
+        exp.refresh()
+        fams, _ = families(reg)
+    for spec in ex.DCGM_METRICS:
+        want = {"0", "1"} if spec is ex.XID else {"0"}
+        assert gpus_with(fams, spec.name) == want, spec.name
+    assert samples(fams, "DCGM_FI_DEV_XID_ERRORS")["1"].value == 79  # the last XID says why
+    assert samples(fams, "gpulab_exporter_gpus")[""].value == 1  # one GPU answers, not two
+    assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 1  # NVML itself still answers
+    assert ("nvmlDeviceGetPowerUsage", "NVML_ERROR_GPU_IS_LOST") in errors_by(fams)
+    assert logs and all(len(line.splitlines()) == 1 and "GPU 1" in line for line in logs)
+
+
+def test_a_lost_handle_and_an_index_that_disappears_between_scrapes():
+    fake = RealErrors(n_gpus=3)
+    with fake_nvml(fake):
+        reg, exp, logs = make()
+        exp.refresh()
+        fake.fail = {"nvmlDeviceGetHandleByIndex": (pynvml.NVML_ERROR_GPU_IS_LOST, {1})}
+        fake.n = 2  # GPU 2 is gone from the count
+        exp.refresh()
+        fams, _ = families(reg)
+        assert gpus_with(fams, "DCGM_FI_DEV_GPU_UTIL") == {"0"}
+        assert samples(fams, "gpulab_exporter_gpus")[""].value == 1
+        assert errors_by(fams) == {("nvmlDeviceGetHandleByIndex", "NVML_ERROR_GPU_IS_LOST"): 1.0}
+        assert "(first on GPU 1)" in logs[0]
+        fake.fail, fake.n = {}, 3
+        exp.refresh()
+        fams, _ = families(reg)
+    assert gpus_with(fams, "DCGM_FI_DEV_GPU_UTIL") == {"0", "1", "2"}
+
+
+def test_a_driver_that_loads_after_the_exporter_started():
+    now = [1000.0]
+    fake = RealErrors(n_gpus=1, fail={"nvmlInit": (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, None)})
+    with fake_nvml(fake):
+        reg, exp, logs = make(clock=lambda: now[0])
+        exp.refresh()
+        fams, _ = families(reg)
+        assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 0
+        assert errors_by(fams) == {("nvmlInit", "NVML_ERROR_DRIVER_NOT_LOADED"): 1.0}
+        assert len(logs) == 1 and "not loaded" in logs[0] and len(logs[0].splitlines()) == 1
+        del fake.fail["nvmlInit"]  # the driver is up now
+        now[0] += 1.0
+        exp.refresh()  # too soon to try again: nvmlInit is not hammered every second
+        assert fake.inits == 1
+        now[0] += ex.INIT_RETRY_S
+        exp.refresh()
+        fams, _ = families(reg)
+    assert fake.inits == 2
+    assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 1
+    assert samples(fams, "DCGM_FI_DEV_GPU_UTIL")["0"].value == 90
+
+
+@pytest.mark.parametrize("code, hint", [
+    (pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH, "reboot"),
+    (pynvml.NVML_ERROR_NO_PERMISSION, "/dev/nvidia"),
+    (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "--gpus all"),
+])
+def test_nvml_init_failures_say_what_to_do(code, hint):
+    with fake_nvml(RealErrors(n_gpus=1, fail={"nvmlInit": (code, None)})):
+        reg, exp, logs = make()
+        exp.refresh()
+        fams, _ = families(reg)
+    assert len(logs) == 1 and hint in logs[0] and len(logs[0].splitlines()) == 1
+    assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 0
+    assert all(not fams[s.name].samples for s in ex.DCGM_METRICS)
+
+
+def test_uninitialized_mid_run_reinitialises():
+    fake = RealErrors(n_gpus=1)
+    with fake_nvml(fake):
+        reg, exp, _ = make()
+        exp.refresh()
+        fake.fail = {"nvmlDeviceGetCount": (pynvml.NVML_ERROR_UNINITIALIZED, None)}  # someone called nvmlShutdown
+        exp.refresh()
+        fams, _ = families(reg)
+        assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 0
+        assert errors_by(fams) == {("nvmlDeviceGetCount", "NVML_ERROR_UNINITIALIZED"): 1.0}
+        fake.fail = {}
+        exp.refresh()
+        fams, _ = families(reg)
+    assert fake.inits == 2  # nvmlInit ran again
+    assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 1
+    assert gpus_with(fams, "DCGM_FI_DEV_POWER_USAGE") == {"0"}
+
+
+def test_nvidia_ml_py_missing_serves_only_the_exporters_metrics(monkeypatch):
+    from tests.fakes import nvml_not_installed
+
+    with nvml_not_installed(monkeypatch):
+        reg, exp, logs = make()
+        exp.refresh()
+        fams, _ = families(reg)
+    assert len(logs) == 1 and "nvidia-ml-py is not installed" in logs[0]
+    assert [k[0] for k in errors_by(fams)] == ["nvmlInit"]
+    assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 0
+
+
+def test_a_label_call_the_board_lacks_is_asked_once():
+    # nvmlDeviceGetMinorNumber is Linux-only: the device label stays empty, and is not asked again
+    with fake_nvml(RealErrors(n_gpus=2, fail={"nvmlDeviceGetMinorNumber": (pynvml.NVML_ERROR_NOT_SUPPORTED, None)})):
+        reg, exp, _ = make()
+        for _ in range(4):
+            exp.refresh()
+        fams, _ = families(reg)
+    assert errors_by(fams) == {("nvmlDeviceGetMinorNumber", "NVML_ERROR_NOT_SUPPORTED"): 2.0}  # once per GPU
+    assert samples(fams, "DCGM_FI_DEV_GPU_UTIL")["1"].labels["device"] == ""
+
+
+def test_container_name_alone_adds_no_kubernetes_labels():
+    # a host outside Kubernetes may set CONTAINER_NAME (seen in benchmarks/results/.../exporter.json)
+    assert ex.kubernetes_labels({"CONTAINER_NAME": "cheap-art-xkknrn"}) == {}
+    assert ex.kubernetes_labels({"POD_NAMESPACE": "llm"}) == {"container": "", "namespace": "llm", "pod": ""}
+
+
+class Hanging(FakePynvml):
+    """nvmlDeviceGetPowerUsage blocks once ``armed`` (a hung driver), until ``release``."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.armed = False
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.freed = 0
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        if self.armed:
+            self.entered.set()
+            self.release.wait(30)
+        return super().nvmlDeviceGetPowerUsage(h)
+
+    def nvmlGpmSampleFree(self, s):
+        self.freed += 1
+
+    def nvmlEventSetFree(self, es):
+        self.freed += 1
+
+
+def test_a_hung_nvml_call_blocks_neither_scrapes_nor_stop():
+    now = [100.0]
+    fake = Hanging(n_gpus=1)
+    with fake_nvml(fake):
+        reg, exp, logs = make(interval_s=0.05, stale_after_s=5.0, clock=lambda: now[0])
+        exp.refresh()
+        exp.refresh()
+        fake.armed = True
+        exp.start()
+        thread = exp._thread
+        try:
+            assert fake.entered.wait(10), "the refresh thread never reached the hanging call"
+            server = ex.MetricsServer("127.0.0.1", 0, reg)
+            try:  # an HTTP scrape is answered from the snapshot while the thread is stuck
+                status, _, body = _get(server.url)
+            finally:
+                server.close()
+            assert status == 200 and 'DCGM_FI_DEV_GPU_UTIL{' in body
+            now[0] += 6.0
+            fams, _ = families(reg)
+            assert all(not fams[s.name].samples for s in ex.DCGM_METRICS)
+            assert samples(fams, "gpulab_exporter_nvml_up")[""].value == 0
+            assert samples(fams, "gpulab_exporter_sample_age_seconds")[""].value >= 6.0
+            exp.stop(timeout_s=0.1)  # returns, and makes no NVML call of its own on the hung driver
+            assert fake.freed == 0 and any("stuck" in line for line in logs)
+        finally:
+            fake.release.set()
+            thread.join(10)

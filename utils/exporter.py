@@ -40,16 +40,57 @@ Prometheus replicas scraping do not double the NVML load. dcgm-exporter works th
 refreshes every 1/6 to 1 s (REFERENCE.md), so 1 s loses little.
 
 Self-metrics: ``gpulab_exporter_nvml_up`` (1: NVML answered the last refresh, in time),
-``gpulab_exporter_nvml_errors_total{call}`` (failed NVML calls, by function; a field the
-GPU does not support counts on every refresh and its metric is left out),
-``gpulab_exporter_gpus`` and ``gpulab_exporter_sample_age_seconds``. Without NVML at all
-the exporter says so once on stderr and serves only these.
+``gpulab_exporter_nvml_errors_total{call,error}`` (failed NVML calls, by function and NVML
+error name, :func:`utils.nvml.error_name`), ``gpulab_exporter_gpus`` (GPUs that answered at
+least one query in the last fresh refresh) and ``gpulab_exporter_sample_age_seconds``. A
+failed query leaves its metric out (never 0, never NaN) and is logged once per call and
+error, on one line, with the GPU it happened on. What an SRE reads from the errors:
 
-prometheus_client writes a counter's ``# TYPE`` line as ``<name>_total``; dcgm-exporter's
-energy counter has no ``_total`` suffix, so :func:`render` renames that one header to match
-its sample (the Prometheus text format allows counters without the suffix). This is why the
-server here is a small ``http.server`` rather than ``prometheus_client.start_http_server``,
-which would also offer OpenMetrics, where a counter must end in ``_total``.
+- ``NVML_ERROR_NOT_SUPPORTED``: the board lacks the field (power on some GeForce cards,
+  energy before Volta, utilization of a MIG-enabled GPU, whose instances this exporter does
+  not split). It counts on every refresh; alert on
+  ``increase(gpulab_exporter_nvml_errors_total{error!="NVML_ERROR_NOT_SUPPORTED"}[10m]) > 0``.
+- ``NVML_ERROR_GPU_IS_LOST``: the GPU fell off the bus (Xid 79); every metric of that GPU
+  disappears (its last XID stays) and ``gpulab_exporter_gpus`` drops. It does not come back
+  by itself: users report needing a reboot (NVIDIA/open-gpu-kernel-modules #507, #1151).
+- ``NVML_ERROR_NO_PERMISSION``: a container without the device files, or GPM/events that
+  need root.
+- ``nvmlInit`` errors (``NVML_ERROR_DRIVER_NOT_LOADED``, ``..._LIB_RM_VERSION_MISMATCH``,
+  ``..._LIBRARY_NOT_FOUND``): NVML never came up; the exporter serves only its own metrics,
+  says why once on stderr, and tries ``nvmlInit`` again every ``INIT_RETRY_S``, so a
+  DaemonSet pod that started before the driver had loaded recovers without a restart.
+  A failing ``nvmlDeviceGetCount`` (``NVML_ERROR_UNINITIALIZED``, ...) re-initialises at the
+  next refresh the same way.
+
+Names. The ``DCGM_FI_*`` names break Prometheus' naming conventions (prometheus.io, "Metric
+and label naming": base units, a unit suffix, ratios 0..1, ``_total`` on counters,
+snake_case labels; ``promtool check metrics`` flags the camelCase labels and the counter
+without ``_total``) on purpose: they are dcgm-exporter's, and Grafana dashboard 12239,
+``deploy/grafana/dashboard.json``, the phase 4 notebook and PromQL written for DCGM read
+them. They are kept. For a dashboard author, the quantities and their conversions:
+
+| metric (as in dcgm-exporter)         | NVML call                                   | unit | in base units     |
+|--------------------------------------|---------------------------------------------|------|-------------------|
+| DCGM_FI_DEV_GPU_UTIL                 | nvmlDeviceGetUtilizationRates().gpu         | %    | ratio: ``/ 100``  |
+| DCGM_FI_DEV_MEM_COPY_UTIL            | nvmlDeviceGetUtilizationRates().memory      | %    | ratio: ``/ 100``  |
+| DCGM_FI_DEV_FB_USED, _FB_FREE        | nvmlDeviceGetMemoryInfo().used, .free       | MiB  | B: ``* 1048576``  |
+| DCGM_FI_DEV_POWER_USAGE              | nvmlDeviceGetPowerUsage() (mW) / 1000       | W    | watts already     |
+| DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION | nvmlDeviceGetTotalEnergyConsumption()       | mJ   | J: ``/ 1000`` (1) |
+| DCGM_FI_DEV_GPU_TEMP                 | nvmlDeviceGetTemperature(TEMPERATURE_GPU)   | C    | celsius already   |
+| DCGM_FI_DEV_SM_CLOCK, _MEM_CLOCK     | nvmlDeviceGetClockInfo(CLOCK_SM, CLOCK_MEM) | MHz  | Hz: ``* 1e6``     |
+| DCGM_FI_DEV_XID_ERRORS               | nvmlEventSetWait, critical XID events       | code | the last XID      |
+| DCGM_FI_PROF_PIPE_TENSOR_ACTIVE      | nvmlGpmMetricsGet ANY_TENSOR_UTIL / 100     | 0..1 | a ratio already   |
+
+(1) Average power over a window in W: ``rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[1m]) / 1000``.
+
+Exposition. prometheus_client writes a counter as ``<name>_total``; dcgm-exporter's energy
+counter has no ``_total``, so :func:`render` (what ``/metrics`` serves, text format 0.0.4)
+renames that one counter's header and samples to the bare name (the 0.0.4 text format
+allows counters without the suffix). Served any other way (``prometheus_client``'s own
+``start_http_server``/``make_wsgi_app`` over a registry holding this collector) the counter
+keeps ``_total``, as OpenMetrics requires: the page then stays valid in both formats, at the
+cost of dcgm-exporter's exact name. Note that the default ``registry`` is prometheus_client's
+global one; pass your own to keep these metrics out of an application's page.
 """
 from __future__ import annotations
 
@@ -75,6 +116,8 @@ from utils import nvml
 from utils.nvml import NA
 
 MIB = 2**20
+INIT_RETRY_S = 30.0  # seconds between nvmlInit attempts while NVML is unavailable
+NOT_SUPPORTED = "NVML_ERROR_NOT_SUPPORTED"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # the format dcgm-exporter serves
 
 
@@ -128,11 +171,13 @@ def _is_timeout(lib: Any, exc: BaseException) -> bool:
 
 
 def kubernetes_labels(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """``container``/``namespace``/``pod`` from the environment (downward API), or {} if none
-    is set. When any is set all three are given, empty where unset, as dcgm-exporter does."""
+    """``container``/``namespace``/``pod`` from the environment (downward API), or {} unless
+    ``$POD_NAME`` or ``$POD_NAMESPACE`` is set. When given, all three are, empty where unset,
+    as dcgm-exporter does. ``$CONTAINER_NAME`` alone is not enough: hosts outside Kubernetes
+    set it too (a per-instance name, which would add a new series at every restart)."""
     environ = os.environ if environ is None else environ
     found = {label: environ.get(var, "") for label, var in K8S_ENV.items()}
-    return found if any(found.values()) else {}
+    return found if found["pod"] or found["namespace"] else {}
 
 
 class NvmlExporter(Collector):
@@ -157,10 +202,15 @@ class NvmlExporter(Collector):
         self.k8s_labels = kubernetes_labels() if k8s_labels is None else dict(k8s_labels)
         self._clock, self._log = clock, log
         self._lock = threading.Lock()
-        self._errors: dict[str, int] = {}
-        self._logged: set[str] = set()
+        self._errors: dict[tuple[str, str], int] = {}  # (call, NVML error name) -> failures
+        self._logged: set = set()
+        self._last_error = ""  # NVML error name of the last failed _call
+        self._gpu: int | None = None  # the GPU being read, for log lines
         self._snapshot: list[tuple[dict[str, str], dict[str, float]]] = []
+        self._answered = 0  # GPUs that answered at least one query in the last refresh
         self._sampled_at: float | None = None
+        self._init_tried_at: float | None = None  # last nvmlInit attempt that failed
+        self._reinit = False  # NVML failed after init: drop per-device state once it answers
         self._up = False
         self._static: dict[int, dict[str, str]] = {}
         self._gpm: dict[int, dict[str, Any]] = {}
@@ -173,13 +223,15 @@ class NvmlExporter(Collector):
             registry.register(self)
 
     # -- NVML calls, counted ------------------------------------------------------------
-    def _count(self, call: str, why: str) -> None:
+    def _count(self, call: str, why: str, error: str = "") -> None:
+        error = error or "unknown"
         with self._lock:
-            self._errors[call] = self._errors.get(call, 0) + 1
-        if call not in self._logged:
-            self._logged.add(call)
-            self._log(f"exporter: {call} failed ({why}); its metric is left out "
-                      "(counted in gpulab_exporter_nvml_errors_total)")
+            self._errors[(call, error)] = self._errors.get((call, error), 0) + 1
+        if (call, error) not in self._logged:
+            self._logged.add((call, error))
+            where = "" if self._gpu is None else f" (first on GPU {self._gpu})"
+            self._log(f"exporter: {call} failed ({why}){where}; what it reads is left out (counted in "
+                      f'gpulab_exporter_nvml_errors_total{{call="{call}",error="{error}"}})')
 
     def _call(self, call: str, fn: Callable[[Any], Any], *, count: bool = True, timeout_ok: bool = False) -> Any:
         """``fn(lib)`` through :func:`utils.nvml.query`; a failure returns NA and is counted
@@ -196,8 +248,10 @@ class NvmlExporter(Collector):
                 return NA
 
         value = nvml.query(run)
-        if value is NA and count:
-            self._count(call, _short(failure[0]) if failure else "NVML unavailable")
+        if value is NA:
+            self._last_error = nvml.error_name(failure[0]) if failure else (nvml.last_error() or "unknown")
+            if count:
+                self._count(call, _short(failure[0]) if failure else "NVML unavailable", self._last_error)
         return value
 
     def _get(self, name: str, *args: Any, count: bool = True) -> Any:
@@ -207,8 +261,16 @@ class NvmlExporter(Collector):
     def _static_labels(self, index: int, h: Any) -> dict[str, str]:
         if index in self._static:
             return self._static[index]
-        uuid, name = self._get("nvmlDeviceGetUUID", h), self._get("nvmlDeviceGetName", h)
-        pci, minor = self._get("nvmlDeviceGetPciInfo", h), self._get("nvmlDeviceGetMinorNumber", h)
+        failed: list[str] = []
+
+        def get(call: str) -> Any:
+            value = self._get(call, h)
+            if value is NA:
+                failed.append(self._last_error)
+            return value
+
+        uuid, name = get("nvmlDeviceGetUUID"), get("nvmlDeviceGetName")
+        pci, minor = get("nvmlDeviceGetPciInfo"), get("nvmlDeviceGetMinorNumber")
         labels = {
             "gpu": str(index),
             "UUID": "" if uuid is NA else _text(uuid),
@@ -218,7 +280,9 @@ class NvmlExporter(Collector):
             "Hostname": self.hostname,
             **self.k8s_labels,
         }
-        if NA not in (uuid, name, pci, minor):
+        # Keep them once known; a call the board does not support will not answer later either
+        # (nvmlDeviceGetMinorNumber is Linux-only), so asking every refresh only adds errors.
+        if uuid is not NA and name is not NA and all(e == NOT_SUPPORTED for e in failed):
             self._static[index] = labels
         return labels
 
@@ -283,7 +347,8 @@ class NvmlExporter(Collector):
         pct = self._call("nvmlGpmMetricsGet", metrics_get)
         return None if pct is NA else pct / 100.0
 
-    def _sample_gpu(self, index: int, h: Any) -> tuple[dict[str, str], dict[str, float]]:
+    def _sample_gpu(self, index: int, h: Any) -> tuple[dict[str, str], dict[str, float], bool]:
+        self._gpu = index
         values: dict[str, float] = {}
         util = self._get("nvmlDeviceGetUtilizationRates", h)
         if util is not NA:
@@ -304,43 +369,82 @@ class NvmlExporter(Collector):
             mhz = self._get("nvmlDeviceGetClockInfo", h, nvml.constant(clock, 1 if clock.endswith("SM") else 2))
             if mhz is not NA:
                 values[spec.name] = float(mhz)
-        if index in self._xid:
-            values[XID.name] = float(self._xid[index])
         tensor = self._tensor_active(index, h)
         if tensor is not None:
             values[TENSOR_ACTIVE.name] = tensor
-        return self._static_labels(index, h), values
+        answered = bool(values)
+        if index in self._xid:  # kept for a lost GPU too: its last XID (79) is the news
+            values[XID.name] = float(self._xid[index])
+        labels = self._static_labels(index, h)
+        self._gpu = None
+        return labels, values, answered
+
+    def _nvml_status(self) -> nvml.NvmlStatus:
+        """``nvml.status()``, with ``nvmlInit`` tried again every ``INIT_RETRY_S`` while it
+        fails (the driver may load after the exporter started) and after NVML failed mid-run."""
+        now = self._clock()
+        if self._init_tried_at is not None and now - self._init_tried_at >= INIT_RETRY_S:
+            nvml.reset()
+        elif self._reinit and self._init_tried_at is None:
+            nvml.reset()
+        st = nvml.status()
+        if st.available:
+            if self._reinit or self._init_tried_at is not None:
+                self._forget_devices()  # a new NVML session: handles, GPM samples, events are stale
+            self._init_tried_at, self._reinit = None, False
+            return st
+        if self._init_tried_at is None or now - self._init_tried_at >= INIT_RETRY_S:
+            self._init_tried_at = now
+            with self._lock:
+                key = ("nvmlInit", st.error or "unknown")
+                self._errors[key] = self._errors.get(key, 0) + 1
+            if ("nvmlInit", st.reason) not in self._logged:
+                self._logged.add(("nvmlInit", st.reason))
+                self._log(f"exporter: NVML unavailable ({st.reason}); serving only gpulab_exporter_* "
+                          f"metrics, trying again every {INIT_RETRY_S:g} s")
+        return st
+
+    def _forget_devices(self) -> None:
+        """Drop what belonged to the previous NVML session (its objects are not freed: the
+        session that owned them may be gone)."""
+        self._static.clear()
+        self._gpm.clear()
+        self._xid.clear()
+        self._event_set, self._events_tried = None, False
 
     def refresh(self) -> None:
         """Read every GPU once and swap the snapshot that scrapes see."""
-        st = nvml.status()
+        self._gpu = None
+        st = self._nvml_status()
         if not st.available:
-            if "nvmlInit" not in self._logged:
-                self._logged.add("nvmlInit")
-                with self._lock:
-                    self._errors["nvmlInit"] = self._errors.get("nvmlInit", 0) + 1
-                self._log(f"exporter: NVML unavailable ({st.reason}); serving only gpulab_exporter_* metrics")
             with self._lock:
-                self._snapshot, self._up, self._sampled_at = [], False, self._clock()
+                self._snapshot, self._answered, self._up, self._sampled_at = [], 0, False, self._clock()
             return
         count = self._get("nvmlDeviceGetCount")
         if count is NA:
+            self._reinit = True  # NVML_ERROR_UNINITIALIZED and friends: nvmlInit again next time
             with self._lock:
-                self._snapshot, self._up, self._sampled_at = [], False, self._clock()
+                self._snapshot, self._answered, self._up, self._sampled_at = [], 0, False, self._clock()
             return
         indices = [i for i in (self.devices if self.devices is not None else range(count))]
         handles = {}
         for i in indices:
+            self._gpu = i
             h = self._get("nvmlDeviceGetHandleByIndex", i)
             if h is not NA:
                 handles[i] = h
+        self._gpu = None
+        for gone in set(self._static) - set(handles):  # an index that vanished: its labels may not return
+            del self._static[gone]
         if not self._events_tried:
             self._setup_events(handles)
         if self._event_set is not None:
             self._drain_events()
-        snapshot = [self._sample_gpu(i, h) for i, h in handles.items()]
+        read = [self._sample_gpu(i, h) for i, h in handles.items()]
         with self._lock:
-            self._snapshot, self._up, self._sampled_at = snapshot, True, self._clock()
+            self._snapshot = [(labels, values) for labels, values, _ in read]
+            self._answered = sum(answered for _, _, answered in read)
+            self._up, self._sampled_at = True, self._clock()
 
     # -- thread -------------------------------------------------------------------------
     def start(self) -> NvmlExporter:
@@ -365,7 +469,12 @@ class NvmlExporter(Collector):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            stuck = self._thread.is_alive()
             self._thread = None
+            if stuck:  # inside a hung NVML call: freeing would hang this thread on the same driver
+                self._log(f"exporter: the NVML thread is stuck in a call (a hung driver?); "
+                          f"stopped without waiting past {timeout_s:g} s")
+                return
         for state in self._gpm.values():
             for sample in state["samples"]:
                 if sample is not NA:
@@ -381,8 +490,8 @@ class NvmlExporter(Collector):
         fams: dict[str, Metric] = {}
         for spec in DCGM_METRICS:
             if spec.kind == "counter":
-                # Bare name (no _total), as dcgm-exporter: see render().
-                fams[spec.name] = Metric(spec.name, spec.help, "counter")
+                # Samples <name>_total, valid OpenMetrics; render() serves dcgm-exporter's bare name.
+                fams[spec.name] = CounterMetricFamily(spec.name, spec.help, labels=names)
             else:
                 fams[spec.name] = GaugeMetricFamily(spec.name, spec.help, labels=names)
         return fams
@@ -390,35 +499,35 @@ class NvmlExporter(Collector):
     def describe(self) -> Iterable[Metric]:
         yield from self._families().values()
         yield GaugeMetricFamily("gpulab_exporter_nvml_up", "")
-        yield CounterMetricFamily("gpulab_exporter_nvml_errors", "", labels=["call"])
+        yield CounterMetricFamily("gpulab_exporter_nvml_errors", "", labels=["call", "error"])
         yield GaugeMetricFamily("gpulab_exporter_gpus", "")
         yield GaugeMetricFamily("gpulab_exporter_sample_age_seconds", "")
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             snapshot, up, sampled_at, errors = self._snapshot, self._up, self._sampled_at, dict(self._errors)
+            answered = self._answered
         age = None if sampled_at is None else max(0.0, self._clock() - sampled_at)
         fresh = age is not None and age <= self.stale_after_s
         fams = self._families()
         if fresh:
             for labels, values in snapshot:
                 for name, value in values.items():
-                    fam = fams[name]
-                    if fam.type == "counter":
-                        fam.add_sample(name, labels, value)
-                    else:
-                        fam.add_metric([labels[k] for k in LABELS + tuple(self.k8s_labels)], value)
+                    fams[name].add_metric([labels[k] for k in LABELS + tuple(self.k8s_labels)], value)
         yield from fams.values()
         yield GaugeMetricFamily("gpulab_exporter_nvml_up",
                                 "1 if NVML answered the last refresh and it is not older than the staleness limit.",
                                 value=1.0 if (up and fresh) else 0.0)
-        err = CounterMetricFamily("gpulab_exporter_nvml_errors", "Failed NVML calls, by NVML function.",
-                                  labels=["call"])
-        for call, n in sorted(errors.items()):
-            err.add_metric([call], float(n))
+        err = CounterMetricFamily("gpulab_exporter_nvml_errors",
+                                  "Failed NVML calls, by NVML function and NVML error name (NVML_ERROR_NOT_SUPPORTED: "
+                                  "the board lacks the field; NVML_ERROR_GPU_IS_LOST: off the bus, Xid 79).",
+                                  labels=["call", "error"])
+        for (call, error), n in sorted(errors.items()):
+            err.add_metric([call, error], float(n))
         yield err
-        yield GaugeMetricFamily("gpulab_exporter_gpus", "GPUs read in the last fresh refresh.",
-                                value=float(len(snapshot) if fresh else 0))
+        yield GaugeMetricFamily("gpulab_exporter_gpus",
+                                "GPUs that answered at least one NVML query in the last fresh refresh.",
+                                value=float(answered if fresh else 0))
         if age is not None:
             yield GaugeMetricFamily("gpulab_exporter_sample_age_seconds",
                                     "Seconds since the last completed NVML refresh.", value=age)
@@ -426,12 +535,13 @@ class NvmlExporter(Collector):
 
 def render(registry: CollectorRegistry = REGISTRY) -> bytes:
     """The registry in Prometheus text format 0.0.4, with dcgm-exporter's bare counter
-    names in the ``# HELP``/``# TYPE`` lines (prometheus_client writes ``<name>_total``)."""
+    names (prometheus_client writes ``<name>_total``) in the header and sample lines."""
     text = generate_latest(registry).decode()
     for spec in DCGM_METRICS:
         if spec.kind == "counter":
             text = text.replace(f"# HELP {spec.name}_total ", f"# HELP {spec.name} ")
             text = text.replace(f"# TYPE {spec.name}_total counter\n", f"# TYPE {spec.name} counter\n")
+            text = text.replace(f"\n{spec.name}_total{{", f"\n{spec.name}{{")
     return text.encode()
 
 

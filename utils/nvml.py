@@ -10,13 +10,30 @@ NVML facts used here (NVIDIA NVML API reference; REFERENCE.md, "What utilization
 to 1 s by product) in which at least one kernel ran; it is not efficiency. Power is in
 mW, energy (``nvmlDeviceGetTotalEnergyConsumption``, Volta and newer) in mJ, memory in
 bytes, clocks in MHz.
+
+How NVML fails on real machines, and what this module does (NVML API reference, return
+codes; nvidia-ml-py raises ``NVMLError_<Name>`` with the code in ``.value``):
+``NVML_ERROR_NOT_SUPPORTED`` for a field the board lacks (power on some GeForce cards,
+energy before Volta, utilization on a MIG-enabled GPU), ``NVML_ERROR_GPU_IS_LOST`` after
+"GPU has fallen off the bus" (Xid 79), ``NVML_ERROR_NO_PERMISSION`` in a container without
+the device files, ``NVML_ERROR_DRIVER_NOT_LOADED``, ``NVML_ERROR_LIB_RM_VERSION_MISMATCH``
+after a driver upgrade without a reboot, ``NVML_ERROR_UNINITIALIZED``, ``NVML_ERROR_TIMEOUT``.
+:func:`query` turns each into :data:`NA`; :func:`last_error` gives the name of the last one
+in this thread and :func:`error_name` names an exception, so callers can say *why* a value
+is missing. :func:`status` gives a one-line reason with a hint per init failure, and
+:func:`reset` lets a long-running caller (the exporter) try ``nvmlInit`` again once the
+driver has loaded. Importing the deprecated ``pynvml`` package (a shim over nvidia-ml-py)
+warns on stderr; the warning is suppressed here, as stderr costs a graded nbgrader cell
+its points.
 """
 from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,11 +67,28 @@ class NvmlStatus:
     available: bool
     reason: str  # why not, in one line; "" when available
     driver: str = ""
+    error: str = ""  # the init failure's NVML error name (error_name), "" when available
+
+
+# A hint per nvmlInit failure, by NVML error name (nvitop's libnvml docstrings give the same
+# advice for a missing library, a version mismatch and a shadowed pynvml module).
+_INIT_HINTS = {
+    "NVML_ERROR_LIBRARY_NOT_FOUND": "libnvidia-ml.so.1 not found: no NVIDIA driver here, or a container "
+                                    "started without the NVIDIA runtime and --gpus all",
+    "NVML_ERROR_DRIVER_NOT_LOADED": "the NVIDIA kernel driver is not loaded: not installed, or still loading",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "the driver was upgraded but the old kernel module is still "
+                                          "loaded: reboot, or reload the nvidia kernel modules",
+    "NVML_ERROR_NO_PERMISSION": "no permission to open /dev/nvidia*: run the container with the NVIDIA "
+                                "runtime and --gpus, or as a user allowed to use the GPU",
+    "AttributeError": "the pynvml module here is not nvidia-ml-py's (an old package shadows it): "
+                      "pip uninstall pynvml; pip install --force-reinstall nvidia-ml-py",
+}
 
 
 _lock = threading.Lock()
 _lib: Any = None
 _status: NvmlStatus | None = None
+_local = threading.local()  # .error: this thread's last query failure (last_error)
 
 
 def set_library(lib: Any | None) -> None:
@@ -65,6 +99,15 @@ def set_library(lib: Any | None) -> None:
         _lib, _status = lib, None
 
 
+def reset() -> None:
+    """Forget the cached :func:`status`, keeping the library, so the next call runs
+    ``nvmlInit`` again: for a long-running process that started before the driver had
+    loaded, or whose NVML calls began failing with ``NVML_ERROR_UNINITIALIZED``."""
+    global _status
+    with _lock:
+        _status = None
+
+
 def _load() -> tuple[Any, NvmlStatus]:
     global _lib, _status
     with _lock:
@@ -73,14 +116,19 @@ def _load() -> tuple[Any, NvmlStatus]:
         lib = _lib
         if lib is None:
             try:
-                import pynvml as lib  # nvidia-ml-py
-            except ImportError:
-                _status = NvmlStatus(False, "nvidia-ml-py is not installed (pip install nvidia-ml-py)")
+                with warnings.catch_warnings():  # the deprecated pynvml shim's FutureWarning
+                    warnings.simplefilter("ignore")
+                    import pynvml as lib  # nvidia-ml-py
+            except ImportError as exc:
+                _status = NvmlStatus(False, "nvidia-ml-py is not installed (pip install nvidia-ml-py)",
+                                     error=type(exc).__name__)
                 return None, _status
         try:
             lib.nvmlInit()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            _lib, _status = lib, NvmlStatus(False, f"NVML did not initialise: {_short(exc)} (no NVIDIA driver here?)")
+            name = error_name(exc, lib)
+            hint = _INIT_HINTS.get(name, "no NVIDIA driver here?")
+            _lib, _status = lib, NvmlStatus(False, f"NVML did not initialise: {_short(exc)} ({hint})", error=name)
             return lib, _status
         driver = _call(lib, "nvmlSystemGetDriverVersion", (), "")
         _lib, _status = lib, NvmlStatus(True, "", _text(driver))
@@ -96,11 +144,48 @@ def _text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _error_names(holder: Any) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for attr in dir(holder) if holder is not None else ():
+        if attr.startswith("NVML_ERROR_"):
+            code = getattr(holder, attr, None)
+            if isinstance(code, int):
+                names.setdefault(code, attr)
+    return names
+
+
+_ERROR_NAMES: dict[str, dict[int, str]] = {}  # by module name: the real pynvml is scanned once
+
+
+def error_name(exc: BaseException, lib: Any = None) -> str:
+    """NVML's name for the error behind ``exc`` (``"NVML_ERROR_GPU_IS_LOST"``), found from
+    the return code nvidia-ml-py keeps in ``exc.value`` among the ``NVML_ERROR_*`` constants
+    of the exception's module (or ``lib``); otherwise the exception's class name."""
+    code = getattr(exc, "value", None)
+    if isinstance(code, int) and not isinstance(code, bool):
+        module = type(exc).__module__
+        if module not in _ERROR_NAMES:
+            _ERROR_NAMES[module] = _error_names(sys.modules.get(module))
+        found = _ERROR_NAMES[module].get(code) or _error_names(lib if lib is not None else _lib).get(code)
+        if found:
+            return found
+    return type(exc).__name__
+
+
+def last_error() -> str:
+    """The NVML error name of this thread's last :func:`query` (``""`` if it succeeded):
+    why the ``NA`` it just returned is missing."""
+    return getattr(_local, "error", "")
+
+
 def _call(lib: Any, name: str, args: tuple, default: Any) -> Any:
     try:
-        return _text(getattr(lib, name)(*args))
-    except Exception:
+        value = _text(getattr(lib, name)(*args))
+    except Exception as exc:
+        _local.error = error_name(exc, lib)
         return default
+    _local.error = ""
+    return value
 
 
 def status() -> NvmlStatus:
@@ -115,12 +200,16 @@ def query(name: str | Callable, *args: Any, default: Any = NA) -> Any:
     query that reads several fields (``lambda lib: lib.NVML_TEMPERATURE_GPU``)."""
     lib, st = _load()
     if not st.available:
+        _local.error = st.error or "NVML unavailable"
         return default
     if callable(name):
         try:
-            return name(lib)
-        except Exception:
+            value = name(lib)
+        except Exception as exc:
+            _local.error = error_name(exc, lib)
             return default
+        _local.error = ""
+        return value
     return _call(lib, name, args, default)
 
 
@@ -241,13 +330,18 @@ class GpuMonitor:
     nothing: a warning on stderr costs a graded nbgrader cell its points.
 
     It never raises into the code it watches. A failed query leaves ``None`` in that field
-    of that sample; a sample missing a metric that answered elsewhere in the run (an NVML
-    error mid-run, a GPU that fell off the bus) counts as a gap in :meth:`summary`. The
-    thread is a daemon and stops on exit even when the block raised; the block's exception
-    propagates unchanged. A sample is taken on entry and on exit, so even a block shorter
-    than the interval gets two, and with ``sync=True`` the GPU is synchronised first (if
-    torch already initialised CUDA) so the window's energy covers the work the block queued,
-    as Zeus does.
+    of that sample and the other fields are still read; a sample missing a metric that
+    answered elsewhere in the run (an NVML error mid-run, a GPU that fell off the bus)
+    counts as a gap in :meth:`summary`. Why a field is missing is kept by NVML call
+    (:attr:`nvml_errors`, ``summary()[label]["nvml_errors"]``, the end of :meth:`report`'s
+    line): ``NVML_ERROR_NOT_SUPPORTED`` is the board, ``NVML_ERROR_GPU_IS_LOST`` is a GPU
+    that fell off the bus. The thread is a daemon and stops on exit even when the block
+    raised; the block's exception propagates unchanged. A sampler stuck in an NVML call
+    (a hung driver) is abandoned after ``max(1 s, 2 x interval_s)`` and the exit sample is
+    skipped, since it would hang the caller on the same driver. A sample is taken on entry
+    and on exit, so even a block shorter than the interval gets two, and with ``sync=True``
+    the GPU is synchronised first (if torch already initialised CUDA) so the window's energy
+    covers the work the block queued, as Zeus does.
 
     Cost: one tick makes 8 NVML calls per GPU; a utilization + memory + power query took
     10 us on an H200 (REFERENCE.md), and ctypes releases the GIL inside the calls, so the
@@ -274,6 +368,8 @@ class GpuMonitor:
         self.marks: list[tuple[float, str]] = []
         self.errors = 0  # exceptions caught inside the sampler (each became a gap)
         self.last_error = ""
+        # device label -> {NVML call: NVML error name of its latest failure} (error_name)
+        self.nvml_errors: dict[str, dict[str, str]] = {}
         self._devices: list[_Device] = []
         self._rows: list[dict] = []
         self._lock = threading.Lock()
@@ -286,6 +382,7 @@ class GpuMonitor:
         self._proc: Any = None
         self._psutil: Any = None
         self._throttle_names: Callable[[int], list[str]] = lambda mask: []
+        self._setup_errors: list[tuple[_Device, dict[str, str]]] = []
         self.start_unix: float | None = None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -312,6 +409,7 @@ class GpuMonitor:
             self._note(exc)
         self._rows, self.marks, self._ticks, self._tick_s, self._t_end = [], [], 0, 0.0, None
         self._stop.clear()
+        self.nvml_errors = {dev.label: dict(errs) for dev, errs in self._setup_errors}
         self.start_unix = time.time()
         self._t0 = time.perf_counter()
         self._tick()
@@ -331,10 +429,15 @@ class GpuMonitor:
         try:
             self._stop.set()
             self._sync_device()
-            # A sampler stuck in a hung NVML call is abandoned (daemon), never waited on forever.
+            # A sampler stuck in a hung NVML call is abandoned (daemon), never waited on forever,
+            # and the exit sample is skipped: it would block this thread on the same driver.
             if thread.is_alive():
                 thread.join(timeout=max(1.0, 2 * self.interval_s))
-            self._tick()
+            if thread.is_alive():
+                self._note(TimeoutError("the sampler is stuck in an NVML call (a hung driver?); "
+                                        "the exit sample was skipped"))
+            else:
+                self._tick()
         except Exception as exc:
             self._note(exc)
         self._t_end = time.perf_counter()
@@ -357,6 +460,7 @@ class GpuMonitor:
 
         self._throttle_names = throttle_reasons
         self._devices = []
+        self._setup_errors = []
         st = status()
         if self._want != "cpu" and st.available:
             indices = self._requested if self._requested is not None else visible_indices()
@@ -364,8 +468,11 @@ class GpuMonitor:
                 self.source, self.reason = "nvml", ""
                 for i in indices:
                     h = handle(i)
+                    errs = {} if h is not NA else {"nvmlDeviceGetHandleByIndex": last_error()}
                     name = query("nvmlDeviceGetName", h) if h is not NA else NA
-                    self._devices.append(_Device(f"gpu{i}", i, h, name if isinstance(name, str) else "unknown"))
+                    dev = _Device(f"gpu{i}", i, h, name if isinstance(name, str) else "unknown")
+                    self._devices.append(dev)
+                    self._setup_errors.append((dev, errs))
                 return
             reason = "NVML sees no GPU visible to this process (check CUDA_VISIBLE_DEVICES)"
         elif self._want == "cpu":
@@ -411,18 +518,28 @@ class GpuMonitor:
 
     def _read_gpu(self, dev: _Device) -> dict:
         h = dev.handle
-        util = query("nvmlDeviceGetUtilizationRates", h)
-        mem = query("nvmlDeviceGetMemoryInfo", h)
+        if h is NA:  # no handle at start (why: in nvml_errors); querying NA would only fail again
+            return dict.fromkeys(GPU_FIELDS + ("throttle_reasons",))
+        failed: dict[str, str] = {}
+
+        def q(call: str, *args: Any) -> Any:
+            value = query(call, h, *args)
+            if value is NA:
+                failed[call] = last_error()
+            return value
+
+        util = q("nvmlDeviceGetUtilizationRates")
+        mem = q("nvmlDeviceGetMemoryInfo")
         row = {
             "util_gpu_pct": _field(util, "gpu"),
             "util_mem_pct": _field(util, "memory"),
             "mem_used_gib": _field(mem, "used", 1 / GIB),
             "mem_total_gib": _field(mem, "total", 1 / GIB),
-            "power_w": _num(query("nvmlDeviceGetPowerUsage", h), 1e-3),  # mW
-            "energy_total_j": _num(query("nvmlDeviceGetTotalEnergyConsumption", h), 1e-3),  # mJ
-            "temp_c": _num(query("nvmlDeviceGetTemperature", h, constant("NVML_TEMPERATURE_GPU", 0))),
-            "sm_clock_mhz": _num(query("nvmlDeviceGetClockInfo", h, constant("NVML_CLOCK_SM", 1))),
-            "mem_clock_mhz": _num(query("nvmlDeviceGetClockInfo", h, constant("NVML_CLOCK_MEM", 2))),
+            "power_w": _num(q("nvmlDeviceGetPowerUsage"), 1e-3),  # mW
+            "energy_total_j": _num(q("nvmlDeviceGetTotalEnergyConsumption"), 1e-3),  # mJ
+            "temp_c": _num(q("nvmlDeviceGetTemperature", constant("NVML_TEMPERATURE_GPU", 0))),
+            "sm_clock_mhz": _num(q("nvmlDeviceGetClockInfo", constant("NVML_CLOCK_SM", 1))),
+            "mem_clock_mhz": _num(q("nvmlDeviceGetClockInfo", constant("NVML_CLOCK_MEM", 2))),
         }
         mask: Any = NA
         for call in ((dev.throttle_call,) if dev.throttle_call else _THROTTLE_CALLS):
@@ -430,7 +547,12 @@ class GpuMonitor:
             if isinstance(mask, int):
                 dev.throttle_call = call
                 break
+        if not isinstance(mask, int):  # the older name answering is no failure; both failing is
+            failed[call] = last_error()
         row["throttle_reasons"] = self._throttle_names(mask) if isinstance(mask, int) else None
+        if failed:
+            with self._lock:
+                self.nvml_errors.setdefault(dev.label, {}).update(failed)
         return row
 
     def _read_cpu(self, dev: _Device) -> dict:
@@ -511,6 +633,8 @@ class GpuMonitor:
         Volta and newer); where the counter never answered (Pascal and older) it is the
         trapezoid integral of ``power_w`` over time, and ``energy_method`` says which."""
         rows = self.samples
+        with self._lock:
+            nvml_errors = {label: dict(errs) for label, errs in self.nvml_errors.items()}
         out: dict[str, dict] = {}
         for dev in self._devices:
             drows = [r for r in rows if r["device"] == dev.label]
@@ -528,6 +652,7 @@ class GpuMonitor:
                 good = [r["throttle_reasons"] for r in drows if r.get("throttle_reasons") is not None]
                 names = sorted({n for reasons in good for n in reasons})
                 s["throttle_reasons_pct"] = {n: 100 * sum(n in g for g in good) / len(good) for n in names}
+                s["nvml_errors"] = nvml_errors.get(dev.label, {})
             out[dev.label] = s
         return out
 
@@ -545,7 +670,9 @@ class GpuMonitor:
                 energy = "n/a" if s["energy_j"] is None else f"{s['energy_j']:.0f} J"
                 body = (f"{s['name']}: util {f('util_gpu_pct')}% mean ({f('util_gpu_pct', 'max')} max), "
                         f"memory {f('mem_used_gib', 'max', '.1f')} GiB max, power {f('power_w')} W mean, energy {energy}")
-            lines.append(f"{label} {body}; {s['duration_s']:.1f} s, {s['samples']} samples, {s['gaps']} gaps")
+            errs = s.get("nvml_errors") or {}
+            why = "; NVML errors: " + ", ".join(f"{c} {e}" for c, e in sorted(errs.items())) if errs else ""
+            lines.append(f"{label} {body}; {s['duration_s']:.1f} s, {s['samples']} samples, {s['gaps']} gaps{why}")
         return "\n".join(lines)
 
     def plot(self, **kwargs: Any):
