@@ -6,6 +6,17 @@ places each notebook in nbgrader's ``submitted/`` layout, and runs ``grader.work
 each, ``jobs`` at a time. A submission that cannot be read, crashes its kernel or runs past
 its time limit gets a score of 0 and a one-line ``status``; the others are unaffected.
 
+Each worker, and the kernel it starts, runs on a private copy of the course code (``utils/``,
+``grader/``, ``benchmarks/``, ``deploy/``: what the notebooks read from the repository), written
+from the bytes read once when the batch starts, just before the worker and deleted after it. A
+notebook that rewrites a file there (``grader/phase0.py`` so that the hidden tests pass,
+``utils/timing.py`` so that timings shrink) changes nothing for the other students, and is
+caught: every file and folder's inode, size, mtime and ctime are compared before and after
+(ctime cannot be set back, so putting the original back does not hide the edit; bytecode
+caches are off, so nothing there changes legitimately). Such a submission scores 0 with a
+status naming the files. A notebook that goes looking for the repository itself and edits it
+there cannot be named, but the batch says on stderr which files changed.
+
 Outputs (``out_dir``): ``grades.csv`` (nbgrader's ``export`` columns plus ``status``),
 ``results.json`` (per-cell detail), ``feedback/<student>/<assignment>.html`` and
 ``autograded/<student>/<assignment>.ipynb``.
@@ -17,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -25,7 +37,7 @@ from pathlib import Path
 
 from grader import REPO_ROOT, SOURCE_DIR
 from grader import course as C
-from grader.submissions import Submission, SubmissionError, prepare
+from grader.submissions import MAX_FILE_MB, Submission, SubmissionError, file_problem, prepare
 
 CSV_COLUMNS = [  # nbgrader's CsvExportPlugin columns, in its order, then ours
     "assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
@@ -33,6 +45,7 @@ CSV_COLUMNS = [  # nbgrader's CsvExportPlugin columns, in its order, then ours
 ]
 RECORD_ENV = "GPULAB_SUBMITTED_RECORD"  # grader/checks.py reads the learner's record from here
 KEEP_ENV = "GPULAB_KEEP_GRADING_DIRS"  # set to 1 to keep the temporary course copies for debugging
+CODE_DIRS = ("utils", "grader", "benchmarks", "deploy")  # what a kernel reads from the repository: copied per student
 
 
 def _zero(sub: Submission, assignment: str, max_score: float, status: str, cells: list[dict]) -> dict:
@@ -52,16 +65,93 @@ def _kernel_env(smoke: bool, utils_sha256: str) -> dict:
     env = dict(os.environ)
     env.pop(RECORD_ENV, None)
     env["GPULAB_UTILS_SHA256"] = utils_sha256
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the code copy: any file appearing there is the notebook's
     if smoke:
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("MKL_NUM_THREADS", "1")
     return env
 
 
+def read_code(root: Path = REPO_ROOT) -> dict[str, tuple[bytes, int]]:
+    """``{relative path: (bytes, mode)}`` of the course code under ``root`` (``CODE_DIRS``, no bytecode)."""
+    files = {}
+    for d in CODE_DIRS:
+        for p in sorted((root / d).rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
+                files[p.relative_to(root).as_posix()] = (p.read_bytes(), p.stat().st_mode & 0o777)
+    return files
+
+
+def _write_code(files: dict[str, tuple[bytes, int]], dest: Path) -> Path:
+    for rel, (data, mode) in files.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(mode)
+    return dest
+
+
+def repo_changes(files: dict[str, tuple[bytes, int]], root: Path = REPO_ROOT) -> list[str]:
+    """Files of ``files`` that differ in (or vanished from) the repository at ``root`` now."""
+    now = read_code(root)
+    return sorted(rel for rel in files.keys() | now.keys() if files.get(rel, (None,))[0] != now.get(rel, (None,))[0])
+
+
+def _file_states(root: Path) -> dict[str, tuple]:
+    """``(is folder, inode, size, mtime, ctime)`` of every file and folder under ``root``, by relative path."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (".", *dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            out[os.path.normpath(os.path.relpath(path, root))] = (
+                stat.S_ISDIR(st.st_mode), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return out
+
+
+def changed_files(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """Paths added, removed or touched between two ``_file_states``: the files, or the folders
+    when no file changed (a folder changes whenever an entry in it does)."""
+    paths = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    files = [p for p in paths if not (before.get(p) or after.get(p))[0]]
+    return files or paths
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it. The kernel runs in a session of its own, so
+    killing the worker's process group alone would leave it (and whatever it started) running."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        procs = []
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def _log_tail(path: Path, limit: int = 65536) -> str:
+    """The last line of a log, reading at most its last ``limit`` bytes (a kernel may write gigabytes)."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, os.fstat(fh.fileno()).st_size - limit))
+        lines = fh.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
 def _run_worker(work: Path, assignment: str, sub: Submission, timeout_s: int, total_timeout_s: float,
-                feedback: bool, record: Path | None, base_env: dict) -> dict:
+                feedback: bool, record: Path | None, base_env: dict, code_files: dict) -> dict:
     course = work / sub.student_id
     result_file = course / "result.json"
+    code = _write_code(code_files, course / "code")
+    before = _file_states(code)
     env = dict(base_env)
     if record is not None:
         env[RECORD_ENV] = str(record)
@@ -69,19 +159,25 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout_s: int, to
            "--student", sub.student_id, "--timeout", str(timeout_s), "--result", str(result_file)]
     if not feedback:
         cmd.append("--no-feedback")
-    with open(course / "worker.log", "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            proc.wait(timeout=total_timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the worker and the kernel it started
-            proc.wait()
-            return {"status": f"grading took longer than {total_timeout_s:.0f} s and was stopped"}
-    if not result_file.is_file():
-        tail = (course / "worker.log").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return {"status": f"grader worker failed (exit {proc.returncode}): {tail[0][:200]}"}
-    return json.loads(result_file.read_text())
+    try:
+        with open(course / "worker.log", "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=total_timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_tree(proc.pid)  # the worker, the kernel it started, and anything the notebook started
+                proc.wait()
+                return {"status": f"grading took longer than {total_timeout_s:.0f} s and was stopped"}
+        changed = changed_files(before, _file_states(code))
+        if changed:
+            return {"status": "the notebook changed the course's own files while it was graded "
+                              f"({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}): not graded"}
+        if not result_file.is_file():
+            return {"status": f"grader worker failed (exit {proc.returncode}): {_log_tail(course / 'worker.log')[:200]}"}
+        return json.loads(result_file.read_text())
+    finally:
+        shutil.rmtree(code, ignore_errors=True)
 
 
 def grade_batch(
@@ -102,6 +198,7 @@ def grade_batch(
 
     timeout_s = timeout_s or C.default_timeout_s()
     base_env = _kernel_env(smoke_mode(), utils_hash())
+    code_files = read_code()
     work = Path(tempfile.mkdtemp(prefix="gpulab-grade-"))
     try:
         master = C.make_course(work / "_master", assignment, source_dir)
@@ -117,35 +214,46 @@ def grade_batch(
             course = work / sub.student_id
             shutil.copytree(master, course, ignore=shutil.ignore_patterns("autograded", "feedback", "submitted"))
             dest = C.submitted_dir(course, assignment, sub.student_id)
+            name = sub.notebook.name if sub.notebook else sub.student_id
             try:
                 notes = prepare(sub, released, dest, f"{assignment}.ipynb")
+                record = None
+                if sub.record is not None:
+                    if why := file_problem(sub.record):
+                        raise SubmissionError(f"its record {sub.record.name} {why}")
+                    record = dest / f"{assignment}.submitted-record.json"
+                    shutil.copyfile(sub.record, record)
             except SubmissionError as exc:
-                name = sub.notebook.name if sub.notebook else sub.student_id
                 results[sub.student_id] = _zero(sub, assignment, max_score, f"{name} {exc}" if sub.notebook else str(exc), cell_list)
                 continue
-            record = None
-            if sub.record is not None:
-                record = dest / f"{assignment}.submitted-record.json"
-                shutil.copyfile(sub.record, record)
+            except Exception as exc:  # anything else a broken file can raise: this submission only, the batch goes on
+                why = str(exc).splitlines()[0][:200] if str(exc) else ""
+                results[sub.student_id] = _zero(sub, assignment, max_score, f"{name} could not be prepared for grading "
+                                                f"({type(exc).__name__}: {why})", cell_list)
+                continue
             runnable.append((sub, notes, record))
 
         bar = _progress(len(subs), progress)
         bar.update(len(results))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {pool.submit(_run_worker, work, assignment, sub, timeout_s, total, feedback, rec, base_env): (sub, notes)
-                       for sub, notes, rec in runnable}
+            futures = {pool.submit(_run_worker, work, assignment, sub, timeout_s, total, feedback, rec, base_env,
+                                   code_files): (sub, notes) for sub, notes, rec in runnable}
             for fut in as_completed(futures):
                 sub, notes = futures[fut]
                 r = fut.result()
                 if "cells" not in r:  # the worker never finished
                     r = _zero(sub, assignment, max_score, r["status"], cell_list)
-                r.setdefault("max_score", max_score)
+                _trust_master_points(r, cell_list, max_score)
                 r["notes"] = notes + r.get("notes", [])
                 if r["status"] == "ok" and notes:
                     r["status"] = "graded; " + "; ".join(notes)
                 results[sub.student_id] = r
                 bar.update(1)
         bar.close()
+        if changed := repo_changes(code_files):
+            print(f"warning: the course code in {REPO_ROOT} changed while this batch was graded: "
+                  f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''} (a notebook, or an edit meanwhile; "
+                  "each notebook was graded on the code as it was when the batch started)", file=sys.stderr)
         ordered = [results[s.student_id] for s in subs]
         if out_dir is not None:
             _write_outputs(Path(out_dir), work, assignment, ordered)
@@ -155,6 +263,20 @@ def grade_batch(
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"grading folders kept in {work}", file=sys.stderr)
+
+
+def _trust_master_points(r: dict, cell_list: list[dict], max_score: float) -> None:
+    """Points and maximum from the master copy, made before any notebook ran: a notebook can
+    write its own course copy's gradebook while it runs (lower a cell's maximum, say), so the
+    worker's numbers are capped by these and the total is summed again."""
+    points = {c["cell"]: c["points"] for c in cell_list}
+    r["cells"] = [c for c in r["cells"] if c["cell"] in points]
+    for c in r["cells"]:
+        c["points"] = points[c["cell"]]
+        c["score"] = min(max(float(c["score"]), 0.0), c["points"])
+        c["passed"] = c["points"] > 0 and c["score"] >= c["points"]
+    r["score"] = sum(c["score"] for c in r["cells"])
+    r["raw_score"], r["max_score"] = r["score"], max_score
 
 
 def _grade_cells(released: Path) -> list[dict]:
@@ -202,4 +324,5 @@ def _write_outputs(out: Path, work: Path, assignment: str, results: list[dict]) 
             (out / "autograded" / sid).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ag, out / "autograded" / sid / f"{assignment}.ipynb")
             for rec in ag.parent.glob("*.record.json"):  # the record the notebook wrote while it was graded
-                shutil.copyfile(rec, out / "autograded" / sid / rec.name)
+                if not rec.is_symlink() and rec.is_file() and rec.stat().st_size <= MAX_FILE_MB * 2**20:
+                    shutil.copyfile(rec, out / "autograded" / sid / rec.name)

@@ -22,11 +22,20 @@ The rules, and where each lives here:
 6. nbgrader scores a test cell 0 on any stderr output, so every call into learner code goes
    through :func:`quiet`; messages for the learner go to stdout (:func:`say`).
 
+7. How a cell is graded (live or from the record, smoke sizes or GPU sizes) follows from
+   variables the grader sets before the kernel starts; a notebook that changes one of
+   :data:`GRADING_VARS` in ``os.environ`` fails :func:`assert_environment_unchanged` (the
+   kernel's starting environment is read from ``/proc/self/environ``, which assignments to
+   ``os.environ`` leave alone), and a patched ``torch.cuda.is_available`` fails
+   :func:`gpu_here`.
+
 Hidden tests do not use the ``grader.checks`` the notebook imported: ``grader/phase0.py`` is
 loaded afresh from its file and loads this file afresh, so rebinding ``checks`` in the
 notebook or patching its functions changes nothing. Limits: the checks run in the learner's
-kernel, so a learner who patches the import machinery or rewrites files on the grading
-machine's disk is out of reach; grade untrusted submissions in a container.
+kernel, so a learner who patches the import machinery or IPython itself is out of reach here.
+Rewriting the course code on disk is caught outside the kernel (grader/batch.py grades each
+notebook on its own copy and compares it afterwards); files elsewhere on the grading machine
+(the Python environment) are not watched: grade untrusted submissions in a container.
 """
 from __future__ import annotations
 
@@ -59,6 +68,7 @@ UTILS_MODULES = ("utils.timing", "utils.flops", "utils.nvml", "utils.hardware", 
                  "utils.distributed", "utils.validate",
                  "utils.inference", "utils.decode", "utils.quantize")
 LIVE, RECORD = "measured live", "graded from record"
+GRADING_VARS = ("GPULAB_SMOKE", RECORD_VAR, "GPULAB_UTILS_SHA256", "CUDA_VISIBLE_DEVICES")
 
 
 # -- output hygiene -------------------------------------------------------------------------
@@ -301,9 +311,32 @@ def tamper_report(modules: tuple[str, ...] = UTILS_MODULES) -> list[str]:
     return bad
 
 
+def _start_environ() -> dict[str, str] | None:
+    """The environment this process started with (Linux ``/proc/self/environ``); None elsewhere."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.partition(b"=") for item in raw.split(b"\0"))
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, sep, v in pairs if sep}
+
+
+def assert_environment_unchanged() -> None:
+    """AssertionError if the notebook changed one of :data:`GRADING_VARS` since its kernel
+    started under the grader (``GPULAB_GRADING=1`` then); nothing outside the grader."""
+    start = _start_environ()
+    if not start or start.get("GPULAB_GRADING") != "1":
+        return
+    changed = [v for v in GRADING_VARS if os.environ.get(v) != start.get(v)]
+    if changed:
+        raise AssertionError(f"the notebook changed {', '.join(changed)} while it was graded, and that decides how "
+                             "it is graded: remove the cell that sets it")
+
+
 def assert_untampered(extra_modules: tuple[str, ...] = ()) -> None:
     """AssertionError naming every patched clock or ``utils`` function, ``extra_modules``
     (a phase's own reference modules, beside :data:`UTILS_MODULES`) included."""
+    assert_environment_unchanged()
     bad = tamper_report(UTILS_MODULES + tuple(m for m in extra_modules if m not in UTILS_MODULES))
     if bad:
         raise AssertionError(
@@ -316,12 +349,17 @@ def assert_untampered(extra_modules: tuple[str, ...] = ()) -> None:
 
 def gpu_here() -> bool:
     torch = sys.modules.get("torch") or importlib.import_module("torch")
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is None or not function_is_original(torch.cuda.is_available, cuda.__file__, "is_available"):
+        raise AssertionError("torch.cuda.is_available was patched in this notebook, so the grader cannot tell whether "
+                             "it has a GPU: remove the cell that replaces it and restart the kernel")
     return bool(torch.cuda.is_available())
 
 
 def smoke() -> bool:
     from utils.env import smoke_mode
 
+    assert_environment_unchanged()
     return smoke_mode()
 
 
@@ -330,6 +368,7 @@ def submitted_record():
 
     A file that is there but unreadable is an AssertionError: a broken or edited record must
     not fall back to something gentler."""
+    assert_environment_unchanged()
     path = os.environ.get(RECORD_VAR, "").strip()
     if not path:
         return None
@@ -391,6 +430,7 @@ def say_versus(what: str, mine: float, yours: float, unit: str, rel: float) -> N
 
 def grading_mode() -> str:
     """:data:`RECORD` when this machine has no GPU and the learner's record is from one."""
+    assert_environment_unchanged()
     if gpu_here():
         return LIVE
     return RECORD if submitted_record() is not None else LIVE

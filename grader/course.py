@@ -8,6 +8,15 @@ file (nbgrader's gradebook locks the whole database on write).
 The nbgrader converters (``GenerateAssignment``, ``Autograde``, ``GenerateFeedback``) are
 driven the way ``nbgrader.apps.api.NbGraderAPI`` drives them, without the API object: its
 constructor probes the exchange directory, which a grading machine has no use for.
+
+Autograde executes with :func:`guarded_execute`, nbgrader's ``Execute`` plus guards that work
+from outside the kernel, where a notebook cannot undo them: an error or stderr message seen
+in a test cell counts even if the notebook's hooks clear the output afterwards; a value a test
+cell displays is not read as partial credit (the course's tests grade by passing, and any cell
+could print a number); processes the notebook left behind are killed when its kernel stops,
+before the grades are saved. What runs inside the kernel can still be subverted by a notebook
+that reprograms IPython itself (an input transformer that rewrites the tests): nbgrader grades
+in the learner's kernel, and a container protects the grading machine, not the grade.
 """
 from __future__ import annotations
 
@@ -81,6 +90,106 @@ def load_config(root: Path, timeout_s: int | None = None):
     return cfg
 
 
+def become_subreaper() -> None:
+    """Adopt this process's orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``), so that
+    what a notebook starts in a new session stays findable by :func:`kill_descendants`."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # 36 = PR_SET_CHILD_SUBREAPER (linux/prctl.h)
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants() -> set[tuple[int, float]]:
+    """``(pid, start time)`` of every process below this one."""
+    import psutil
+
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out.add((p.pid, p.create_time()))
+        except psutil.Error:
+            pass
+    return out
+
+
+def kill_descendants(spare: set[tuple[int, float]] = frozenset()) -> int:
+    """SIGKILL every process below this one but ``spare`` (from :func:`descendants`): a stopped
+    kernel's leftovers. Returns how many."""
+    import psutil
+
+    procs = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if (p.pid, p.create_time()) not in spare:
+                procs.append(p)
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    return len(procs)
+
+
+_GUARDED = None
+
+
+def guarded_execute():
+    """nbgrader's ``Execute`` preprocessor with the guards of the module docstring (a class
+    made on first use: nbgrader is imported only when grading)."""
+    global _GUARDED
+    if _GUARDED is not None:
+        return _GUARDED
+    from nbformat.notebooknode import NotebookNode
+    from nbgrader import utils as nbu
+    from nbgrader.preprocessors import Execute
+
+    def graded_test(cell) -> bool:
+        return cell.cell_type == "code" and nbu.is_grade(cell) and not nbu.is_solution(cell)
+
+    def failing(o) -> bool:
+        return o.get("output_type") == "error" or (o.get("output_type") == "stream" and o.get("name") == "stderr")
+
+    class GuardedExecute(Execute):
+        def preprocess(self, nb, resources=None, km=None):
+            self._seen = {}
+            before = descendants()
+            try:
+                return super().preprocess(nb, resources, km)
+            finally:
+                kill_descendants(spare=before)  # whatever the notebook started, once its kernel stopped
+
+        def process_message(self, msg, cell, cell_index):
+            t, content = msg.get("msg_type"), msg.get("content", {})
+            if graded_test(cell) and (t == "error" or (t == "stream" and content.get("name") == "stderr")):
+                out = NotebookNode(output_type=t, **{k: content.get(k) for k in (
+                    ("ename", "evalue", "traceback") if t == "error" else ("name", "text"))})
+                self._seen.setdefault(cell_index, []).append(out)
+            return super().process_message(msg, cell, cell_index)
+
+        def on_cell_executed(self, **kwargs):
+            super().on_cell_executed(**kwargs)
+            cell, index = kwargs["cell"], kwargs["cell_index"]
+            if not graded_test(cell):
+                return
+            for o in cell.outputs:
+                if o.get("output_type") == "execute_result":  # nbgrader would read a number here as the score
+                    o.output_type = "display_data"
+                    o.pop("execution_count", None)
+            seen = self._seen.get(index, [])
+            if seen and not any(failing(o) for o in cell.outputs):
+                cell.outputs.extend(seen)  # the notebook cleared them: they still count
+
+    _GUARDED = GuardedExecute
+    return _GUARDED
+
+
 def ensure_scripts_on_path() -> None:
     """nbgrader creates a gradebook by running the ``alembic`` script, found on PATH.
 
@@ -146,7 +255,9 @@ def _failure_reason(text: str) -> str:
     if "UnresponsiveKernelError" in text or "kernel became unresponsive" in text:
         return "the kernel stopped responding (a loop that ignores interrupts?)"
     if "CellTimeoutError" in text or "Timeout waiting for IOPub" in text:
-        return "a cell kept running after its timeout and could not be interrupted"
+        m = re.search(r"preview of the cell contents:\s*\n\s*-+\s*\n\s*(\S[^\n]*)", text)
+        where = f" (the cell starting {m.group(1).strip()[:60]!r})" if m else ""
+        return f"a cell was still running or printing after its timeout and an interrupt{where}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     exc = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception): ", ln) and not ln.startswith("nbgrader.converters")]
     if exc:
@@ -205,6 +316,7 @@ def autograde(root: Path, assignment: str, student: str, timeout_s: int) -> str:
     coursedir.assignment_id = assignment
     coursedir.student_id = student
     app = Autograde(coursedir=coursedir, config=cfg)
+    app.autograde_preprocessors = [guarded_execute() if p.__name__ == "Execute" else p for p in app.autograde_preprocessors]
     app.force = True
     app.create_student = True
     return _run(app)
@@ -244,8 +356,6 @@ def read_grades(root: Path, assignment: str, student: str) -> dict:
             sub = gb.find_submission(assignment, student)
         except MissingEntry:
             return out
-        out["score"] = float(sub.score)
-        out["raw_score"] = float(sub.score)
         out["late_submission_penalty"] = float(sub.late_submission_penalty or 0.0)
         out["timestamp"] = sub.timestamp.isoformat() if sub.timestamp else ""
         for nb in sub.notebooks:
@@ -255,8 +365,11 @@ def read_grades(root: Path, assignment: str, student: str) -> dict:
                 out["cells"].append({
                     "cell": g.name,
                     "points": float(g.max_score),
-                    "score": float(g.score or 0.0),
+                    # auto_score only: nbgrader's score prefers manual_score and adds extra_credit, and a notebook
+                    # can write both into this course copy's gradebook while it runs (nothing here is graded by hand)
+                    "score": min(max(float(g.auto_score or 0.0), 0.0), float(g.max_score)),
                     "needs_manual_grade": bool(g.needs_manual_grade and g.auto_score is None),
                 })
         out["cells"].sort(key=lambda c: order.get(c["cell"], 1e9))
+        out["score"] = out["raw_score"] = sum(c["score"] for c in out["cells"])
         return out

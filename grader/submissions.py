@@ -6,6 +6,16 @@ measurement record ``<student>.record.json``), or nbgrader's layout
 wrote beside it (``<assignment>.record.json``). A notebook that cannot be read gets a
 one-line reason and a zero; the batch goes on.
 
+Only regular files inside the submissions folder are read: a link to a file outside it, a
+device or a pipe (reading ``/dev/zero`` or a FIFO never ends) gets a one-line reason instead.
+
+Edited nbgrader metadata: nbgrader trusts it too far. A duplicated cell (Jupyter's copy and
+paste copies the metadata) or an edited grade id stops autograde with ``KeyError:
+'grade_id'``, and an edited grade/solution flag with "Inconsistent checksums", zeroing the
+whole notebook. So every cell whose grade id is in the release gets the released metadata
+and cell type back (the last copy of a duplicate keeps the id: it is the one that runs last,
+and the one nbgrader's ``DeduplicateIds`` keeps); the others become plain cells.
+
 Deleted cells: nbgrader restores an edited locked cell from the gradebook, but a deleted one
 is simply gone (only deleted *test* cells come back, with ``add_missing_cells``). Before
 grading, every cell of the released notebook that is missing from the submission (matched by
@@ -16,11 +26,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]*$")
+STUDENT_ID = re.compile(r"^[^\W_][\w.@+-]*$")  # letters (any script), digits, _.@+-; no glob characters for nbgrader
+MAX_FILE_MB = 200  # a notebook saved with big outputs is tens of MB; past 200 MB it is not a notebook worth reading
 
 
 class SubmissionError(Exception):
@@ -39,6 +52,24 @@ class Submission:
 def record_name(assignment: str) -> str:
     """The file the notebook writes its measurement record to (beside itself)."""
     return f"{assignment}.record.json"
+
+
+def file_problem(path: Path, folder: Path | None = None) -> str:
+    """Why ``path`` cannot be read as a submitted file ("" if it can): not a regular file, a
+    link out of ``folder``, or too big. Checked before any read, so a pipe cannot hang it."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror}"
+    if folder is not None and not Path(path).resolve().is_relative_to(Path(folder).resolve()):
+        return "is a link to a file outside the submissions folder: put the file itself there"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not a notebook file"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a device, pipe or socket): not a notebook"
+    if st.st_size > MAX_FILE_MB * 2**20:
+        return f"is {st.st_size / 2**20:.0f} MB, over the {MAX_FILE_MB} MB limit: clear its outputs and submit it again"
+    return ""
 
 
 def find_submissions(folder: Path, assignment: str) -> list[Submission]:
@@ -70,6 +101,10 @@ def find_submissions(folder: Path, assignment: str) -> list[Submission]:
     for s in subs:
         if not s.problem and not STUDENT_ID.match(s.student_id):
             s.problem = f"student id {s.student_id!r} must be letters, digits and _.@+- only (rename the file or folder)"
+        if not s.problem and s.notebook is not None:
+            s.problem = file_problem(s.notebook, folder)
+        if not s.problem and s.record is not None and (why := file_problem(s.record, folder)):
+            s.problem = f"its record {s.record.name} {why}"
     return subs
 
 
@@ -77,6 +112,8 @@ def read_notebook(path: Path):
     """The notebook at ``path`` as nbformat v4, or SubmissionError saying what is wrong."""
     import nbformat
 
+    if why := file_problem(path):
+        raise SubmissionError(why)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -89,8 +126,19 @@ def read_notebook(path: Path):
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SubmissionError(f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): re-download it from Jupyter/Colab") from None
-    if not isinstance(data, dict) or "cells" not in data or "nbformat" not in data:
-        raise SubmissionError("is JSON but not a Jupyter notebook (no 'cells'/'nbformat')")
+    if not isinstance(data, dict) or "nbformat" not in data or not ({"cells", "worksheets"} & set(data)):
+        raise SubmissionError("is JSON but not a Jupyter notebook (no 'cells'/'nbformat')")  # v3 keeps cells in worksheets
+    if "cells" in data:  # nbformat trusts a v4 notebook's shape; check what it would trip on
+        if not isinstance(data["cells"], list):
+            raise SubmissionError("is not a valid notebook: 'cells' is not a list")
+        for i, cell in enumerate(data["cells"]):
+            if not isinstance(cell, dict) or "cell_type" not in cell or "source" not in cell:
+                raise SubmissionError(f"is not a valid notebook: cell {i} has no cell_type/source")
+            src = cell["source"]
+            if not (isinstance(src, str) or (isinstance(src, list) and all(isinstance(x, str) for x in src))):
+                raise SubmissionError(f"is not a valid notebook: cell {i}'s source is not text")
+            if not isinstance(cell.get("metadata", {}), dict):
+                raise SubmissionError(f"is not a valid notebook: cell {i}'s metadata is not a JSON object")
     try:
         nb = nbformat.reads(text, as_version=4, capture_validation_error={})
     except Exception as exc:  # nbformat raises several kinds for a malformed notebook
@@ -98,12 +146,41 @@ def read_notebook(path: Path):
     for i, cell in enumerate(nb.cells):
         if not isinstance(cell, dict) or "cell_type" not in cell or "source" not in cell:
             raise SubmissionError(f"is not a valid notebook: cell {i} has no cell_type/source")
+        if not isinstance(cell.get("metadata"), dict):
+            cell["metadata"] = nbformat.NotebookNode()
     return nb
 
 
 def _grade_id(cell) -> str | None:
     md = cell.get("metadata", {}).get("nbgrader", {})
-    return md.get("grade_id") if isinstance(md, dict) else None
+    gid = md.get("grade_id") if isinstance(md, dict) else None
+    return gid if isinstance(gid, str) and gid else None
+
+
+def canonical_metadata(nb, released) -> int:
+    """Give each released cell (by grade id) its released nbgrader metadata and cell type;
+    strip nbgrader metadata from duplicates (all but the last copy) and unknown ids. Returns
+    how many cells were stripped (see the module docstring for why)."""
+    rel = {gid: c for c in released.cells if (gid := _grade_id(c))}
+    last = {gid: i for i, c in enumerate(nb.cells) if (gid := _grade_id(c)) in rel}
+    stripped = 0
+    for i, cell in enumerate(nb.cells):
+        if "nbgrader" not in cell["metadata"]:
+            continue
+        gid = _grade_id(cell)
+        if gid not in rel or last[gid] != i:
+            del cell["metadata"]["nbgrader"]
+            stripped += 1
+            continue
+        r = rel[gid]
+        cell["metadata"]["nbgrader"] = copy.deepcopy(r["metadata"]["nbgrader"])
+        if cell["cell_type"] != r["cell_type"]:
+            cell["cell_type"] = r["cell_type"]
+            for key in ("outputs", "execution_count", "attachments"):
+                cell.pop(key, None)
+            if r["cell_type"] == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+    return stripped
 
 
 def restore_deleted_cells(nb, released) -> list[str]:
@@ -148,6 +225,8 @@ def prepare(sub: Submission, released_nb_path: Path, dest_dir: Path, dest_name: 
     nb = read_notebook(sub.notebook)
     released = nbformat.read(str(released_nb_path), as_version=4)
     notes = []
+    if stripped := canonical_metadata(nb, released):
+        notes.append(f"{stripped} cell(s) with a duplicated or unknown nbgrader id graded as plain cells")
     restored = restore_deleted_cells(nb, released)
     if restored:
         notes.append(f"restored {len(restored)} deleted cell(s) from the source: {', '.join(restored)}")

@@ -60,6 +60,8 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
         C.autograde(course, assignment, student, timeout_s)
     except C.CourseError as exc:
         result["status"] = str(exc)
+    finally:
+        C.kill_descendants()  # nothing the notebook started may outlive its grading
     grades = C.read_grades(course, assignment, student)
     reports = cell_reports(C.autograded_path(course, assignment, student))
     for cell in grades["cells"]:
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from grader import course as C
 
     C.prepare_process_env(a.course / "jupyter")
+    C.become_subreaper()
     try:
         result = grade(a.course, a.assignment, a.student, a.timeout, not a.no_feedback)
     except Exception as exc:  # the batch must go on: report, do not crash
