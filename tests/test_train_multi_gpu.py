@@ -390,13 +390,21 @@ def test_noop_hook_runs_ddp_without_communication(tmp_path):
     assert r["per_rank"][0]["loss_per_step"][0] != r["per_rank"][1]["loss_per_step"][0]
 
 
-@pytest.mark.parametrize("env, needle", [({"WORLD_SIZE": "1"}, "needs DDP with 2+ processes"),
-                                         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "is a DDP option")])
-def test_noop_hook_needs_ddp(monkeypatch, capsys, tmp_path, env, needle):
+FSDP2_LAUNCH = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+
+
+@pytest.mark.parametrize("flags, env, needle", [
+    (["--comm-hook", "noop"], {"WORLD_SIZE": "1"}, "needs DDP with 2+ processes"),
+    (["--comm-hook", "noop"], FSDP2_LAUNCH, "is a DDP option"),
+    (["--ddp-one-process"], {"WORLD_SIZE": "2"}, "wraps a single process"),
+    (["--ddp-one-process"], FSDP2_LAUNCH, "wraps a single process")])
+def test_ddp_headroom_modes_refuse_the_wrong_launch(monkeypatch, capsys, tmp_path, flags, env, needle):
+    """The noop hook needs DDP with 2+ processes (or --ddp-one-process); DDP on one process
+    needs one plain process."""
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(tmg, "_cpu_run", lambda: False)
-    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--comm-hook", "noop"])
+    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", *flags])
     _one_line_error(capsys, rc, needle)
 
 
@@ -436,16 +444,6 @@ def test_ddp_one_process_no_sync_is_ddps_own():
     with tmg._no_sync(types.SimpleNamespace(num_processes=1), ddp):
         assert ddp.require_backward_grad_sync is False
     assert ddp.require_backward_grad_sync is True
-
-
-@pytest.mark.parametrize("env, needle", [({"WORLD_SIZE": "2"}, "wraps a single process"),
-                                         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "wraps a single process")])
-def test_ddp_one_process_needs_one_plain_process(monkeypatch, capsys, tmp_path, env, needle):
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setattr(tmg, "_cpu_run", lambda: False)
-    rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--ddp-one-process"])
-    _one_line_error(capsys, rc, needle)
 
 
 def test_ddp_one_process_result_is_not_a_baseline(capsys, tmp_path):
