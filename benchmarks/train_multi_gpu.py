@@ -67,8 +67,9 @@ crosses a link: NCCL's all-reduce over one rank is a local copy at most, and wit
 noop`` nothing is called at all. Against a plain 1-GPU run (``--baseline``) it is what DDP itself
 costs on this GPU, the ceiling of any N-GPU efficiency before communication, measurable with one
 GPU: on one H200 (GPT-2 small, bf16, batch 16 x 1024) 1.6 to 2.0% of the compiled step at 100 and
-200 MB bucket views, 4.0% at PyTorch's default 25 MB without views (RESULTS.md). Its result is marked ``ddp_one_process`` and never serves as a baseline (``utils.scaling``
-gives it its own wrapper family, ``"DDP, one process"``).
+200 MB bucket views, 4.0% at PyTorch's default 25 MB without views (RESULTS.md). Its result is
+marked ``ddp_one_process`` and never serves as a baseline (``utils.scaling`` gives it its own
+wrapper family, ``"DDP, one process"``).
 
 ``--compile-scope`` says what ``--compile`` wraps: ``model`` (the default) compiles the prepared
 model, so everything the Hugging Face forward returns leaves the compiled graph, the
@@ -369,9 +370,9 @@ def _ddp_one_process(model, ddp_kwargs, device):
 
 
 def _no_sync(accelerator, wrapped):
-    """``no_sync`` of the wrapper. Accelerate's ``no_sync`` does nothing on one process, so a
-    ``--ddp-one-process`` wrapper's own is used there."""
-    if accelerator.num_processes == 1 and isinstance(wrapped, _ddp_class()):
+    """``no_sync`` of the wrapper: DDP's own (Accelerate's does nothing on one process, where a
+    ``--ddp-one-process`` wrapper still needs it), else Accelerate's (FSDP, DeepSpeed)."""
+    if isinstance(wrapped, _ddp_class()):
         return wrapped.no_sync()
     return accelerator.no_sync(wrapped)
 
@@ -604,8 +605,7 @@ def run(args: argparse.Namespace, baseline: dict | None) -> dict | None:
                    "compile_scope": args.compile_scope if args.compile else None, "bf16": args.bf16,
                    "grad_accum": args.grad_accum, "no_sync_accum": args.no_sync_accum,
                    "bucket_mb": args.bucket_mb, "bucket_view": args.bucket_view, "comm_hook": args.comm_hook,
-                   "ddp_optimizer": args.ddp_optimizer, "comm_reorder": args.comm_reorder,
-                   "ddp_one_process": args.ddp_one_process},
+                   "ddp_optimizer": args.ddp_optimizer, "comm_reorder": args.comm_reorder},
         "dynamo_optimize_ddp": torch._dynamo.config.optimize_ddp if args.compile else None,
         "compiled_autograd": bool(torch._dynamo.config.compiled_autograd),
         "dynamo_counters": _dynamo_counters() if args.compile else None,

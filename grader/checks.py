@@ -429,8 +429,8 @@ def say_versus(what: str, mine: float, yours: float, unit: str, rel: float) -> N
 
 
 def grading_mode() -> str:
-    """:data:`RECORD` when this machine has no GPU and the learner's record is from one."""
-    assert_environment_unchanged()
+    """:data:`RECORD` when this machine has no GPU and the learner's record is from one (both
+    reads check the grading environment first)."""
     if gpu_here():
         return LIVE
     return RECORD if submitted_record() is not None else LIVE

@@ -119,7 +119,7 @@ def test_loss_scope_runs_start_their_own_curves(tmp_path):
 def test_ddp_on_one_process_is_a_point_of_its_own(tmp_path):
     """A --ddp-one-process run is world_size 1 but not a base: the plain run still starts the
     2-GPU curve, and the DDP one stands alone, labelled with its DDP settings."""
-    ddp_one = dict(train(1, 97.0, compile_=True, bucket_mb=100, bucket_view=True, comm_hook="noop", ddp_one_process=True),
+    ddp_one = dict(train(1, 97.0, compile_=True, bucket_mb=100, bucket_view=True, comm_hook="noop"),
                    sharding_strategy="DDP (one process)", distributed_type="NO", ddp_one_process=True,
                    exposed_comm_share=0.01)
     d = write(tmp_path / "s", one=train(1, 100.0, compile_=True), ddp_one=ddp_one,

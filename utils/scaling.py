@@ -156,6 +156,11 @@ def _base_key(data: dict) -> tuple:
             wrapper_family(data), _loss_scope(data))
 
 
+def _free_label(curves: dict, src: str, shape: str, way: str, file: str) -> str:
+    """``way``, or ``way [file stem]`` when a look-alike run of the study already holds it."""
+    return f"{way} [{Path(file).stem}]" if (src, shape, way) in curves else way
+
+
 def training_curves(paths) -> list[Curve]:
     """Curves from train_multi_gpu.py results among ``paths`` (files or folders; other JSONs
     skipped). Each folder is one study: curves of different folders are kept apart. A curve's
@@ -220,14 +225,12 @@ def training_curves(paths) -> list[Curve]:
                 continue
             way = ("compiled" if compiled else "eager") + ("" if family == "DDP" else f" {family}") + \
                 (", Compiled Autograd" if autograd else "") + (", loss scope" if loss_scope else "") + ", 1 GPU"
-            if (src, shape, way) in curves:  # a repeat of the same program: kept, named by its file
-                way = f"{way} [{Path(one['_file']).stem}]"
+            way = _free_label(curves, src, shape, way, one["_file"])  # a repeat of one program is kept
             curves[(src, shape, way)] = Curve(way, shape, {1: float(one["tokens_per_s_per_device"])}, {}, {1: one["_file"]},
                                               source=src)
     for data in lone:
-        shape, way, src = _shape(data["config"]), f"{_way(data)}, one process (no link)", data["_source"]
-        if (src, shape, way) in curves:
-            way = f"{way} [{Path(data['_file']).stem}]"
+        shape, src = _shape(data["config"]), data["_source"]
+        way = _free_label(curves, src, shape, f"{_way(data)}, one process (no link)", data["_file"])
         curves[(src, shape, way)] = Curve(way, shape, {1: data["tokens_per_s_per_device"]}, {}, {1: data["_file"]},
                                           source=src)
         if data.get("exposed_comm_share") is not None:
