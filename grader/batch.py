@@ -66,6 +66,11 @@ def _kernel_env(smoke: bool, utils_sha256: str) -> dict:
     env.pop(RECORD_ENV, None)
     env["GPULAB_UTILS_SHA256"] = utils_sha256
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the code copy: any file appearing there is the notebook's
+    from utils import engines
+
+    ok, _ = engines.available("vllm")  # the kernel runs in a copy of the course: point it at the engine found here
+    if ok:
+        env.setdefault("GPULAB_VLLM_PYTHON", engines.find("vllm").python)
     if smoke:
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("MKL_NUM_THREADS", "1")
@@ -196,7 +201,7 @@ def grade_batch(
     from utils.env import smoke_mode
     from utils.record import utils_hash
 
-    timeout_s = timeout_s or C.default_timeout_s()
+    timeout_s = timeout_s or C.default_timeout_s(assignment)
     base_env = _kernel_env(smoke_mode(), utils_hash())
     code_files = read_code()
     work = Path(tempfile.mkdtemp(prefix="gpulab-grade-"))

@@ -34,6 +34,8 @@ CONFIG_FILE = COURSE_ROOT / "nbgrader_config.py"
 TIMEOUT_VAR = "GPULAB_CELL_TIMEOUT"  # seconds per cell while grading, overrides the default
 SMOKE_TIMEOUT_S = 60  # a phase-0 cell takes a few seconds in smoke mode; 60 leaves room on a busy CI core
 GPU_TIMEOUT_S = 600  # GPU sizes train for minutes in one cell on a T4
+SERVING_LABS = ("03_inference_serving", "04_benchmarking_production")  # a cell starts an engine
+ENGINE_SMOKE_TIMEOUT_S = 900  # vLLM's CPU build starts in 50-110 s on 2 quiet cores, several times that when shared
 
 
 class CourseError(Exception):
@@ -59,8 +61,9 @@ def notebook_name(assignment: str, source_dir: Path = SOURCE_DIR) -> str:
     return nbs[0]
 
 
-def default_timeout_s() -> int:
-    """Per-cell limit: ``GPULAB_CELL_TIMEOUT``, else 60 s in smoke mode and 600 s on a GPU."""
+def default_timeout_s(assignment: str | None = None) -> int:
+    """Per-cell limit: ``GPULAB_CELL_TIMEOUT``, else 60 s in smoke mode and 600 s on a GPU; in
+    smoke mode a serving lab gets 900 s where vLLM is installed (its cells start vLLM's CPU build)."""
     raw = os.environ.get(TIMEOUT_VAR, "").strip()
     if raw:
         try:
@@ -72,7 +75,14 @@ def default_timeout_s() -> int:
         return value
     from utils.env import smoke_mode
 
-    return SMOKE_TIMEOUT_S if smoke_mode() else GPU_TIMEOUT_S
+    if not smoke_mode():
+        return GPU_TIMEOUT_S
+    if assignment in SERVING_LABS:
+        from utils import engines
+
+        if engines.available("vllm")[0]:
+            return ENGINE_SMOKE_TIMEOUT_S
+    return SMOKE_TIMEOUT_S
 
 
 def load_config(root: Path, timeout_s: int | None = None):

@@ -90,8 +90,9 @@ def _engine_ok(server) -> None:
     if not isinstance(server, Server) or not server.alive():
         raise AssertionError("server must be the running engine the notebook started (serve.start)")
     cmd = " ".join(server.command)
-    if "transformers.cli.transformers serve" not in cmd and "vllm.entrypoints.openai.api_server" not in cmd:
-        raise AssertionError("server must run transformers serve or vLLM (serve.start), not another program")
+    if not any(e in cmd for e in ("transformers.cli.transformers serve", "vllm.entrypoints.openai.api_server",
+                                  "sglang.launch_server")):
+        raise AssertionError("server must run transformers serve, vLLM or SGLang (serve.start), not another program")
     try:
         preset = read_marker(server.model_dir).get("preset")
     except ServeError as exc:

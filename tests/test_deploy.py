@@ -7,10 +7,14 @@ The fake vLLM exposes vLLM's own metric names, label names and histogram buckets
 (``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``, vLLM 0.11 to 0.33:
 ``vllm:inter_token_latency_seconds`` and ``vllm:request_time_per_output_token_seconds``
 replaced 0.10's ``vllm:time_per_output_token_seconds``), through prometheus_client as vLLM
-does. Tools missing here are a skip with the reason; in CI (``CI=true``), where
-.ci/install-services.sh and requirements-dev.txt install them, they are a failure."""
+does. The engine panels (the dashboard's vLLM row) are also evaluated on a real vLLM server (the
+session's CPU build, ``vllm_server`` in conftest.py) scraped by a real Prometheus after a short
+load from utils.loadgen: numbers, and latency quantiles within what the load generator saw. Tools
+missing here are a skip with the reason; in CI (``CI=true``), where .ci/install-services.sh and
+requirements-dev.txt install them, they are a failure."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -23,6 +27,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -212,6 +217,12 @@ class FakeVllm:
         self.running = Gauge("vllm:num_requests_running", "Running", lab, registry=reg)
         self.waiting = Gauge("vllm:num_requests_waiting", "Waiting", lab, registry=reg)
         self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full", lab, registry=reg)
+        self.preempted = Counter("vllm:num_preemptions", "Preemptions", lab, registry=reg)
+        # vLLM's cache_config_info: one label per CacheConfig field (a few here), engine, no model_name
+        info = {"block_size": "128", "cache_dtype": "auto", "engine": "0", "gpu_memory_utilization": "0.92",
+                "kv_cache_memory_bytes": "1073741824", "num_gpu_blocks": "16384"}
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
+              registry=reg).labels(**info).set(1)
         self.labels = (model, "0")
         self._stop = threading.Event()
         self.server, _ = start_http_server(0, addr="127.0.0.1", registry=reg)
@@ -235,6 +246,8 @@ class FakeVllm:
             self.running.labels(*ls).set(8 + i % 4)
             self.waiting.labels(*ls).set(i % 2)
             self.kv.labels(*ls).set(0.25 + 0.01 * (i % 10))
+            if i % 7 == 0:
+                self.preempted.labels(*ls).inc()
 
     def close(self) -> None:
         self._stop.set()
@@ -263,44 +276,64 @@ def _test_config(targets: dict[str, str]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory):
-    """A real Prometheus scraping utils.exporter (fake NVML, 2 GPUs) and a fake vLLM."""
-    binary = tool("prometheus")
-    tmp = tmp_path_factory.mktemp("prometheus")
+def gpu_exporter():
+    """utils.exporter fed by a fake NVML (2 GPUs), serving /metrics; its host:port. One for the
+    module: the fake NVML is process-wide, so the two Prometheus fixtures share it."""
     with fake_nvml(FakePynvml(n_gpus=2)):
         reg = CollectorRegistry()
         exporter = ex.NvmlExporter(registry=reg, interval_s=0.1, hostname="test-node", k8s_labels={},
                                    log=lambda line: None)
         exporter.start()
-        metrics = ex.MetricsServer("127.0.0.1", 0, reg)
-        vllm = FakeVllm()
-        config = tmp / "prometheus.yml"
-        config.write_text(yaml.safe_dump(_test_config({"gpu-metrics": f"127.0.0.1:{metrics.port}",
-                                                       "vllm": f"127.0.0.1:{vllm.port}"})))
-        port = free_port()
-        log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 (closed in the finally below)
-        proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                                stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
         try:
-            _wait_for_scrapes(base, proc, tmp / "prometheus.log")
-            yield base
-        finally:
-            proc.terminate()
+            metrics = ex.MetricsServer("127.0.0.1", 0, reg)
             try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-            log.close()
-            vllm.close()
-            metrics.close()
+                yield f"127.0.0.1:{metrics.port}"
+            finally:
+                metrics.close()
+        finally:
             exporter.stop()
 
 
-def _wait_for_scrapes(base: str, proc: subprocess.Popen, log: Path, bound_s: float = 60.0) -> None:
-    """Wait (bounded) until both targets are up and scraped at least 4 times each."""
+@contextlib.contextmanager
+def _prometheus_server(binary: str, tmp: Path, targets: dict[str, str]) -> Iterator[str]:
+    """A real Prometheus scraping ``targets`` (job name -> host:port) with the deploy config's
+    jobs (:func:`_test_config`); yields its base URL once every target was scraped 4 times."""
+    config = tmp / "prometheus.yml"
+    config.write_text(yaml.safe_dump(_test_config(targets)))
+    port = free_port()
+    log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 (closed in the finally below)
+    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_scrapes(base, proc, tmp / "prometheus.log", n_targets=len(targets))
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory, gpu_exporter):
+    """A real Prometheus scraping utils.exporter (fake NVML, 2 GPUs) and a fake vLLM."""
+    binary = tool("prometheus")
+    tmp = tmp_path_factory.mktemp("prometheus")
+    vllm = FakeVllm()
+    try:
+        with _prometheus_server(binary, tmp, {"gpu-metrics": gpu_exporter, "vllm": f"127.0.0.1:{vllm.port}"}) as base:
+            yield base
+    finally:
+        vllm.close()
+
+
+def _wait_for_scrapes(base: str, proc: subprocess.Popen, log: Path, n_targets: int = 2, bound_s: float = 60.0) -> None:
+    """Wait (bounded) until all ``n_targets`` targets are up and scraped at least 4 times each."""
     deadline = time.monotonic() + bound_s
     query = urllib.parse.quote("count(count_over_time(up[1m]) >= 4 and up == 1)")
     while time.monotonic() < deadline:
@@ -308,27 +341,67 @@ def _wait_for_scrapes(base: str, proc: subprocess.Popen, log: Path, bound_s: flo
             pytest.fail(f"prometheus exited with {proc.returncode}: {log.read_text()[-2000:]}")
         try:
             res = _get_json(f"{base}/api/v1/query?query={query}")["data"]["result"]
-            if res and float(res[0]["value"][1]) == 2:
+            if res and float(res[0]["value"][1]) == n_targets:
                 return
         except OSError:
             pass  # not listening yet
         time.sleep(0.25)
-    pytest.fail(f"prometheus did not scrape both targets within {bound_s:.0f} s: {log.read_text()[-2000:]}")
+    pytest.fail(f"prometheus did not scrape all {n_targets} targets within {bound_s:.0f} s: "
+                f"{log.read_text()[-2000:]}")
 
 
-def _substitute(expr: str) -> str:
+def _substitute(expr: str, variables: dict[str, str] = GRAFANA_VARS) -> str:
     def one(m: re.Match) -> str:
         name = m.group(1) or m.group(2)
-        assert name in GRAFANA_VARS, f"unknown Grafana variable ${name} in {expr}"
-        return GRAFANA_VARS[name]
+        assert name in variables, f"unknown Grafana variable ${name} in {expr}"
+        return variables[name]
 
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", one, expr)
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
+def dashboard_targets() -> list[dict]:
+    """Every query of the dashboard: ``title`` ("panel [refId]"), ``expr``, ``legend`` and the
+    ``row`` it sits under (panels are listed in order, each row before its panels)."""
     dash = json.loads(DASHBOARD.read_text())
-    return [(f"{p['title']} [{t['refId']}]", t["expr"])
-            for p in dash["panels"] if p["type"] != "row" for t in p["targets"]]
+    out, row = [], ""
+    for p in dash["panels"]:
+        if p["type"] == "row":
+            row = p["title"]
+            continue
+        out += [{"title": f"{p['title']} [{t['refId']}]", "expr": t["expr"], "legend": t.get("legendFormat", ""),
+                 "row": row} for t in p["targets"]]
+    return out
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    return [(t["title"], t["expr"]) for t in dashboard_targets()]
+
+
+def engine_targets() -> list[dict]:
+    """The queries of the vLLM row (the engine panels)."""
+    return [t for t in dashboard_targets() if t["row"].startswith("vLLM")]
+
+
+def _query(base: str, expr: str, at: float | None = None) -> list[dict]:
+    """An instant query through Prometheus' HTTP API (at ``at``, Unix seconds; default now)."""
+    params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+    body = _get_json(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}")
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _check_panel_query(base: str, target: dict, variables: dict[str, str] = GRAFANA_VARS,
+                       at: float | None = None) -> dict[str, float]:
+    """Evaluate one dashboard query: a non-empty vector of finite values whose series carry
+    every label the legend names. Returns {series labels: value}."""
+    result = _query(base, _substitute(target["expr"], variables), at)
+    assert result, f"no data for {target['title']}: {target['expr']}"
+    values = {json.dumps(r["metric"], sort_keys=True): float(r["value"][1]) for r in result}
+    assert all(math.isfinite(v) for v in values.values()), f"{target['title']}: {values}"
+    for label in re.findall(r"\{\{\s*(\w+)\s*\}\}", target["legend"]):
+        missing = [r["metric"] for r in result if label not in r["metric"]]
+        assert not missing, f"{target['title']}: legend label {label} missing from {missing}"
+    return values
 
 
 def test_dashboard_is_well_formed():
@@ -347,20 +420,16 @@ def test_dashboard_is_well_formed():
                  "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
                  "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
                  "vllm:time_per_output_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_bucket",
-                 "vllm:kv_cache_usage_perc", "vllm:request_success_total"):
+                 "vllm:e2e_request_latency_seconds_bucket", "vllm:kv_cache_usage_perc", "vllm:request_success_total",
+                 "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:num_requests_running",
+                 "vllm:num_requests_waiting", "vllm:num_preemptions_total", "vllm:cache_config_info"):
         assert name in exprs, name
     assert "histogram_quantile(0.5," in exprs and "histogram_quantile(0.95," in exprs
 
 
-@pytest.mark.parametrize("title, expr", dashboard_queries(), ids=[t for t, _ in dashboard_queries()])
-def test_dashboard_query_returns_data_from_real_prometheus(prometheus, title, expr):
-    q = urllib.parse.quote(_substitute(expr))
-    body = _get_json(f"{prometheus}/api/v1/query?query={q}")
-    assert body["status"] == "success", body
-    result = body["data"]["result"]
-    assert result, f"no data for {title}: {expr}"
-    values = [float(r["value"][1]) for r in result]
-    assert all(math.isfinite(v) for v in values), f"{title}: {values}"
+@pytest.mark.parametrize("target", dashboard_targets(), ids=[t["title"] for t in dashboard_targets()])
+def test_dashboard_query_returns_data_from_real_prometheus(prometheus, target):
+    _check_panel_query(prometheus, target)
 
 
 def test_dashboard_variables_have_values(prometheus):
@@ -383,3 +452,111 @@ def test_prometheus_sees_dcgm_types_and_the_exporter_values(prometheus):
     q = urllib.parse.quote("rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5s])")
     rates = [float(r["value"][1]) for r in _get_json(f"{prometheus}/api/v1/query?query={q}")["data"]["result"]]
     assert len(rates) == 2 and all(r > 0 for r in rates)  # the counter rises between scrapes
+
+
+# -- the engine panels against a real vLLM (its CPU build) ----------------------------------------
+
+LOAD = {"num_requests": 16, "input_len": 32, "output_len": 16, "concurrency": 2}
+
+
+@pytest.fixture(scope="module")
+def real_vllm_load(vllm_server, gpu_exporter, tmp_path_factory):
+    """A real Prometheus scraping the exporter and a real vLLM server (the session's, CPU build)
+    while the course's load generator sends it a short load; what the panels are evaluated on:
+    ``base`` (Prometheus), ``at`` (a moment after a scrape that saw every request finished),
+    ``window`` (seconds back from ``at`` to before the load: Grafana's range and rate interval
+    here), ``result`` (the load generator's summary), ``server``."""
+    from utils import loadgen
+
+    binary = tool("prometheus")
+    target = urllib.parse.urlsplit(vllm_server.base_url).netloc
+    with _prometheus_server(binary, tmp_path_factory.mktemp("prometheus-vllm"),
+                            {"gpu-metrics": gpu_exporter, "vllm": target}) as base:
+        done = "sum(vllm:request_success_total)"
+        (before,) = _query(base, done)
+        before = float(before["value"][1])
+        t0 = time.time()
+        # probe=False: every request the server sees in the window is one the load generator timed
+        result = loadgen.run(loadgen.Workload(**vllm_server.workload_fields(), **LOAD, probe=False), progress=False)
+        assert result["completed"] == LOAD["num_requests"], (result["failures"], result["failure_examples"])
+        deadline = time.monotonic() + 60
+        while True:  # bounded: until a scrape after the load holds every finished request
+            res = _query(base, done)
+            if res and float(res[0]["value"][1]) >= before + LOAD["num_requests"]:
+                break
+            assert time.monotonic() < deadline, f"prometheus never saw the {LOAD['num_requests']} requests finish: {res}"
+            time.sleep(0.25)
+        at = time.time()
+        yield {"base": base, "at": at, "window": math.ceil(at - t0) + 5, "result": result, "server": vllm_server}
+
+
+def _grafana_vars(load: dict) -> dict[str, str]:
+    """Grafana's variables for the load's window, with the Model selector set to the served model
+    (regex-escaped as Grafana escapes a selected value, inside a PromQL string)."""
+    window = f"{load['window']}s"
+    model = re.escape(load["server"].model).replace("\\", "\\\\")
+    return {**GRAFANA_VARS, "__rate_interval": window, "__range": window, "model_name": model}
+
+
+def _bucket_bound(base: str, expr: str, at: float, longest_s: float) -> float:
+    """The upper edge of the bucket that holds ``longest_s`` in the histogram(s) ``expr`` reads:
+    histogram_quantile interpolates within a bucket, so no quantile of observations up to
+    ``longest_s`` can exceed it."""
+    les = set()
+    for name in re.findall(r"(vllm:\w+_bucket)", expr):
+        les |= {float(r["metric"]["le"]) for r in _query(base, f"group by (le) ({name})", at)}
+    finite = sorted(le for le in les if math.isfinite(le))
+    assert finite, f"no buckets for {expr}"
+    return next((le for le in finite if le >= longest_s), finite[-1])
+
+
+@pytest.mark.parametrize("target", engine_targets(), ids=[t["title"] for t in engine_targets()])
+def test_engine_panel_returns_numbers_from_a_real_vllm(real_vllm_load, target):
+    """Each query of the vLLM row, on a real vLLM 0.3x's /metrics scraped by a real Prometheus,
+    evaluated at the end of a load over a window that holds all of it: numbers, and latency
+    quantiles between 0 and the longest latency the load generator saw (to its bucket's edge)."""
+    load = real_vllm_load
+    values = _check_panel_query(load["base"], target, _grafana_vars(load), load["at"])
+    expr, title = target["expr"], target["title"]
+    if expr.startswith("histogram_quantile("):
+        longest_s = load["result"]["e2el_ms"]["max"] / 1e3  # TTFT, TPOT, ITL and E2E are parts of it
+        bound = _bucket_bound(load["base"], expr, load["at"], longest_s)
+        assert all(0 < v <= bound for v in values.values()), f"{title}: {values}, longest {longest_s:.3f} s"
+    elif "rate(vllm:num_preemptions_total" in expr:
+        assert all(v >= 0 for v in values.values()), f"{title}: {values}"
+    elif expr.startswith("sum by (model_name) (rate("):  # throughput: requests and tokens went through
+        assert all(v > 0 for v in values.values()), f"{title}: {values}"
+    elif "kv_cache_usage_perc" in expr:
+        assert all(0 <= v <= 1 for v in values.values()), f"{title}: {values}"
+    elif "cache_config_info" in expr:
+        facts = load["server"].facts
+        for labels in values:
+            got = json.loads(labels)
+            if facts is not None and facts.num_blocks is not None:
+                assert got["num_gpu_blocks"] == str(facts.num_blocks), got
+            if facts is not None and facts.block_size is not None:
+                assert got["block_size"] == str(facts.block_size), got
+    else:  # requests running / waiting
+        assert all(v >= 0 and v == int(v) for v in values.values()), f"{title}: {values}"
+
+
+def test_engine_panels_cover_the_vllm_row_and_its_metrics():
+    """The real-vLLM test above covers every panel of the vLLM row: latency quantiles, throughput,
+    queue, KV cache."""
+    exprs = " ".join(t["expr"] for t in engine_targets())
+    for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:request_time_per_output_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+                 "vllm:request_success_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+                 "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:num_preemptions_total", "vllm:cache_config_info"):
+        assert name in exprs, name
+    assert all("vllm:" in t["expr"] for t in engine_targets())
+    assert not [t for t in dashboard_targets() if "vllm:" in t["expr"] and t not in engine_targets()]
+
+
+def test_model_variable_lists_the_real_served_model(real_vllm_load):
+    dash = json.loads(DASHBOARD.read_text())
+    (var,) = [v for v in dash["templating"]["list"] if v["name"] == "model_name"]
+    metric, label = re.fullmatch(r"label_values\(([^,]+), (\w+)\)", var["query"]["query"]).groups()
+    body = _get_json(f"{real_vllm_load['base']}/api/v1/label/{label}/values?match[]={urllib.parse.quote(metric)}")
+    assert body["status"] == "success" and real_vllm_load["server"].model in body["data"], body

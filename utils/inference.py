@@ -17,24 +17,18 @@ Time per output token follows vLLM's definition (REFERENCE.md): ``(t(n) - t(1)) 
 for exactly ``n`` greedy tokens (:func:`measure_decode`), so the prefill and the fixed costs
 of a call cancel.
 
-The serving helpers start an existing engine, never a hand-made server: ``vllm serve`` when
-vLLM imports and a CUDA GPU is present (:func:`vllm_usable`), its startup log read by
-:func:`utils.kvcache.parse_vllm_log`; otherwise transformers' continuous batching
+The serving helpers measure an existing engine started by :func:`utils.serve.start` (vLLM,
+its GPU or CPU build, where installed; its start-up facts come from its own log and
+``/metrics``); where none is installed, transformers' continuous batching
 (``generate_batch``, :func:`continuous_batching`).
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import math
-import os
-import shutil
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 GIB = 2**30
@@ -240,106 +234,37 @@ def continuous_batching(model: Any, prompts: list[list[int]], new_tokens: int) -
             "ttft_ms_p50": ttft[len(ttft) // 2], "ttft_ms_max": ttft[-1], "num_blocks": blocks, "page_tokens": page}
 
 
-# -- vLLM -----------------------------------------------------------------------------------------
+# -- a served engine (utils.serve.start) ---------------------------------------------------------
 
-def vllm_usable() -> tuple[bool, str]:
-    """(usable, reason): ``vllm serve`` needs a CUDA GPU and an importable vllm."""
-    import importlib.util
-
-    import torch
-
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU here, and vLLM serves from one"
-    if importlib.util.find_spec("vllm") is None:
-        return False, "vllm is not installed (pip install vllm, on a machine with a CUDA GPU)"
-    return True, "ok"
-
-
-def model_dir(preset: str) -> str:
-    """A folder with ``preset``'s random bf16 weights and the shipped tokenizer, as a hub
-    checkpoint would be laid out, for engines that load from disk (vLLM)."""
-    from utils.models import shipped_tokenizer
-    from utils.training import _saved_random_model
-
-    path = _saved_random_model(preset)
-    if not (Path(path) / "tokenizer.json").is_file():
-        shipped_tokenizer().save_pretrained(path)
-    return path
-
-
-def vllm_command(model_path: str, port: int, max_model_len: int, gpu_memory_utilization: float,
-                 extra: tuple[str, ...] = ()) -> list[str]:
-    exe = shutil.which("vllm")
-    head = [exe, "serve"] if exe else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-    return head + [model_path, "--port", str(port), "--host", "127.0.0.1", "--served-model-name", "gpulab",
-                   "--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(gpu_memory_utilization),
-                   "--enable-prefix-caching", *extra]
-
-
-@contextlib.contextmanager
-def vllm_server(model_path: str, log_path: str | Path, *, port: int = 8011, max_model_len: int = 2048,
-                gpu_memory_utilization: float = 0.5, timeout_s: float = 900.0, extra: tuple[str, ...] = ()):
-    """Run ``vllm serve`` until the block ends; yields its base URL once ``/health`` answers.
-    Everything it prints goes to ``log_path``; a server that exits or does not answer in
-    ``timeout_s`` raises RuntimeError with the log's last lines."""
-    log_path = Path(log_path)
-    cmd = vllm_command(model_path, port, max_model_len, gpu_memory_utilization, extra)
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    try:
-        deadline = time.perf_counter() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}: "
-                                   + " | ".join(log_path.read_text(errors="replace").splitlines()[-5:]))
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"vllm serve did not answer in {timeout_s:.0f} s; see {log_path}")
-            time.sleep(1.0)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def completion_ms(url: str, prompt_ids: list[int], max_tokens: int = 1, model: str = "gpulab") -> float:
+def completion_ms(url: str, model: str, prompt_ids: list[int], max_tokens: int = 1) -> float:
     """Wall time of one non-streamed ``/v1/completions`` request (token ids in, ``max_tokens``
     out): with one output token, the time to first token as the client sees it."""
     body = json.dumps({"model": model, "prompt": [int(i) for i in prompt_ids], "max_tokens": max_tokens,
                        "temperature": 0.0, "ignore_eos": True}).encode()
     req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=120) as r:
+    with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310 (the local server serve.start returned)
         r.read()
     return (time.perf_counter() - t0) * 1e3
 
 
-def prefix_caching_ttft(url: str, vocab_size: int, prefix_len: int, suffix_len: int = 16, requests: int = 8,
-                        seed: int = 0) -> dict:
+def prefix_caching_ttft(url: str, model: str, token_ids: list[int], prefix_len: int, suffix_len: int = 16,
+                        requests: int = 8, seed: int = 0) -> dict:
     """Median TTFT of prompts that share a ``prefix_len``-token prefix (after the first, their
-    prefix is in vLLM's prefix cache) against prompts of the same length that share nothing."""
+    prefix is in vLLM's prefix cache) against prompts of the same length that share nothing.
+    Prompts are drawn from ``token_ids`` (ids the model's tokenizer can stream)."""
     import random
 
     rng = random.Random(seed)
 
     def tokens(n: int) -> list[int]:
-        return [rng.randrange(10, vocab_size) for _ in range(n)]
+        return [rng.choice(token_ids) for _ in range(n)]
 
     prefix = tokens(prefix_len)
-    completion_ms(url, tokens(prefix_len + suffix_len))  # the server's first request pays one-off costs
-    completion_ms(url, prefix + tokens(suffix_len))  # puts the shared prefix in the cache
-    shared = sorted(completion_ms(url, prefix + tokens(suffix_len)) for _ in range(requests))
-    distinct = sorted(completion_ms(url, tokens(prefix_len + suffix_len)) for _ in range(requests))
+    completion_ms(url, model, tokens(prefix_len + suffix_len))  # the server's first request pays one-off costs
+    completion_ms(url, model, prefix + tokens(suffix_len))  # puts the shared prefix in the cache
+    shared = sorted(completion_ms(url, model, prefix + tokens(suffix_len)) for _ in range(requests))
+    distinct = sorted(completion_ms(url, model, tokens(prefix_len + suffix_len)) for _ in range(requests))
     return {"prefix_len": prefix_len, "suffix_len": suffix_len, "requests": requests,
             "shared_prefix_ttft_ms": shared[len(shared) // 2], "no_shared_prefix_ttft_ms": distinct[len(distinct) // 2]}
 
@@ -354,21 +279,60 @@ def nvml_used_gib(device_index: int = 0) -> float | None:
     return None if info is nvml.NA else info.used / GIB
 
 
-def vllm_kv_check(log_text: str, spec: Any, max_model_len: int, block_size: int = 16) -> dict:
-    """vLLM's logged KV numbers beside the calculator's from the same available memory.
+def held_memory_gib(server: Any, used_before_gib: float | None = None) -> tuple[float | None, str]:
+    """The memory a running engine really holds, and how it was read: on a GPU the device
+    memory NVML shows in use minus ``used_before_gib`` (read before the engine started); on a
+    CPU the resident memory of the engine's processes (it counts their libraries too)."""
+    if server.device == "cpu":
+        return server.resident_gib(), "resident memory of the engine's processes"
+    used = nvml_used_gib()
+    if used is None:
+        return None, "NVML is not available"
+    return used - (used_before_gib or 0.0), "GPU memory in use (NVML), minus what was in use before it started"
 
-    The available memory is logged rounded to 0.01 GiB, so the calculator gives a range of
-    token counts (:func:`utils.kvcache.gib_print_range`); vLLM's must fall inside it."""
-    from utils.kvcache import gib_print_range, parse_vllm_log, vllm_plan
 
-    log = parse_vllm_log(log_text)
-    avail = log.min_available_kv_gib
-    if avail is None:
-        return {"parsed": False, "why": "no 'Available KV cache memory' line in the log"}
-    lo, hi = gib_print_range(avail)
-    plans = [vllm_plan(spec, max_model_len, b, block_size=block_size) for b in (lo, int(avail * GIB), hi)]
-    tokens = [p.kv_tokens for p in plans]
-    return {"parsed": True, "available_kv_gib": avail, "logged_kv_tokens": log.kv_tokens,
-            "logged_max_concurrency": log.max_concurrency, "calculator_kv_tokens": tokens[1],
-            "calculator_kv_tokens_range": (tokens[0], tokens[2]), "calculator_max_concurrency": plans[1].max_concurrency,
-            "agrees": log.kv_tokens is not None and tokens[0] <= log.kv_tokens <= tokens[2]}
+def served_kv_check(server: Any, calculator: Any) -> dict:
+    """The engine's own KV-cache allocation (``server.facts``, from its log and ``/metrics``)
+    beside ``calculator(layers, kv_heads, head_dim, dtype, batch, context, kv_memory_gib,
+    block_size)`` (lab 03's exercise) fed the same memory, block size and context.
+
+    Where the engine gave its KV memory in bytes (vLLM's ``/metrics``, its CPU build's
+    ``VLLM_CPU_KVCACHE_SPACE``) the numbers must be equal. Where only its log's ``%.2f`` GiB
+    is known (a GPU's profiled memory), the calculator gives a range over what that print
+    can hide (:func:`utils.kvcache.gib_print_range`) and the engine's numbers must fall in it.
+    vLLM from 0.20.1 logs the tokens as ``int(max_concurrency x max_model_len)``, earlier
+    releases as blocks x block size (:func:`utils.kvcache.vllm_formulas`)."""
+    from utils.kvcache import from_hf_config, gib_print_range, vllm_formulas
+
+    f = server.facts
+    kv_dtype = "fp8" if getattr(server.options, "kv_cache_dtype", None) else server.marker.get("dtype", "bf16")
+    spec = from_hf_config(server.model_dir / "config.json", kv_dtype="fp8" if kv_dtype == "fp8" else None)
+    out = {"engine": f.engine, "version": f.version, "kv_cache_gib": f.kv_cache_gib, "kv_cache_bytes": f.kv_cache_bytes,
+           "block_size": f.block_size, "max_model_len": f.max_model_len, "engine_num_blocks": f.num_blocks,
+           "engine_kv_tokens": f.kv_cache_tokens, "engine_max_concurrency": f.max_concurrency}
+    if not (f.kv_cache_gib and f.block_size and f.max_model_len and f.num_blocks):
+        return {**out, "compared": False, "why": f"the engine did not report its cache ({f.source})"}
+    token_formula = vllm_formulas(f.version)[0] if f.engine == "vllm" else "blocks"
+
+    def run(nbytes: int) -> dict:
+        mine = calculator(spec.num_layers, spec.num_kv_heads, spec.head_dim, kv_dtype, 1, f.max_model_len,
+                          nbytes / GIB, block_size=f.block_size)
+        tokens = (int(mine["max_concurrency"] * f.max_model_len) if token_formula == "concurrency"
+                  else mine["num_blocks"] * f.block_size)
+        return {"num_blocks": mine["num_blocks"], "kv_tokens": tokens, "max_concurrency": mine["max_concurrency"]}
+
+    if f.kv_cache_bytes:
+        mine = run(f.kv_cache_bytes)
+        agrees = (mine["num_blocks"] == f.num_blocks and mine["kv_tokens"] == f.kv_cache_tokens
+                  and f"{mine['max_concurrency']:.2f}" == f"{f.max_concurrency:.2f}")
+        return {**out, "compared": True, "exact": True, "calculator_num_blocks": mine["num_blocks"],
+                "calculator_kv_tokens": mine["kv_tokens"], "calculator_max_concurrency": mine["max_concurrency"],
+                "agrees": agrees}
+    lo, hi = (run(b) for b in gib_print_range(f.kv_cache_gib))
+    mid = run(round(f.kv_cache_gib * GIB))
+    agrees = (lo["num_blocks"] <= f.num_blocks <= hi["num_blocks"]
+              and (f.kv_cache_tokens is None or lo["kv_tokens"] <= f.kv_cache_tokens <= hi["kv_tokens"]))
+    return {**out, "compared": True, "exact": False, "calculator_num_blocks": mid["num_blocks"],
+            "calculator_kv_tokens": mid["kv_tokens"], "calculator_max_concurrency": mid["max_concurrency"],
+            "calculator_num_blocks_range": (lo["num_blocks"], hi["num_blocks"]),
+            "calculator_kv_tokens_range": (lo["kv_tokens"], hi["kv_tokens"]), "agrees": agrees}

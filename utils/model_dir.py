@@ -1,0 +1,229 @@
+"""A servable model directory: a preset's shape with random weights, the shipped tokenizer,
+and a generation config that fixes every request's output length.
+
+:func:`build_model_dir` holds a preset of ``utils/configs`` with
+random weights (honest for speed and memory, meaningless for text), the course's shipped
+tokenizer, and a ``generation_config.json`` that makes the output length fixed: no
+end-of-sequence token (``transformers serve`` rejects vLLM's ``ignore_eos``/``min_tokens``
+with 422, REFERENCE.md) and every token id that cannot be streamed as text on its own
+suppressed: special tokens, byte pieces of an incomplete UTF-8 character (the streamer holds
+them back: a random model that keeps picking one would stream nothing), and the ids of a
+preset's vocabulary beyond the tokenizer's 4096. A random tiny Llama otherwise emits only
+its end-of-sequence token (REFERENCE.md). vLLM ignores ``suppress_tokens``; its requests
+carry the same set as ``allowed_token_ids`` (:meth:`Server.workload_fields`).
+
+A directory not built here (a checkpoint downloaded from the hub) serves too: its
+``config.json`` gives the dtype and the context length, and its output may stop early at an
+end-of-sequence token unless the workload asks the engine to ignore it.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+MARKER = "gpulab-served.json"  # written last: a directory without it is incomplete
+LAYOUT = 1  # bump when the directory's contents change, so stale caches are rebuilt
+
+
+class ServeError(Exception):
+    """A model directory cannot be built or read, or an engine cannot be started or reached
+    (:mod:`utils.serve`); the message is one line."""
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str | None = None, engine: str | None = None) -> str:
+    """The weights' dtype for ``device`` and ``engine``: on a CPU fp32 for transformers (its
+    bf16 matmuls are slow there) and bf16 for vLLM's CPU build (its kernels' native type); on
+    a GPU bf16 from Ampere (compute capability 8.0), fp16 before (a T4 has no bf16)."""
+    import torch
+
+    if (device or default_device()) == "cpu":
+        return "bf16" if engine == "vllm" else "fp32"
+    return "bf16" if torch.cuda.get_device_capability()[0] >= 8 else "fp16"
+
+
+def clean_token_ids(tokenizer) -> list[int]:
+    """Ids that stream as text on their own: not special, and decoding to non-empty text
+    without a replacement character (a byte piece of a longer UTF-8 character)."""
+    special = set(tokenizer.all_special_ids)
+    out = []
+    for i in range(len(tokenizer)):
+        if i in special:
+            continue
+        text = tokenizer.decode([i], skip_special_tokens=False)
+        if text and "\ufffd" not in text:
+            out.append(i)
+    return out
+
+
+def _dir_key(preset: str, dtype: str) -> str:
+    from utils.models import TOKENIZER_FILE, preset_config_dict
+
+    h = hashlib.sha256(json.dumps([LAYOUT, preset, dtype, preset_config_dict(preset)], sort_keys=True).encode())
+    h.update(TOKENIZER_FILE.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def default_root() -> Path:
+    return Path(tempfile.gettempdir()) / "gpulab-served"
+
+
+def read_marker(model_dir: str | os.PathLike) -> dict:
+    """What :func:`build_model_dir` wrote about the directory; ServeError if it is not one of its."""
+    p = Path(model_dir) / MARKER
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        raise ServeError(f"{model_dir} is not a model directory from utils.serve.build_model_dir "
+                         f"(no readable {MARKER}); build one with serve.build_model_dir(preset)") from None
+
+
+def build_model_dir(preset: str, dtype: str | None = None, *, root: str | os.PathLike | None = None,
+                    device: str | None = None) -> Path:
+    """A servable directory for ``preset`` (``utils.models.MODEL_PRESETS``), built once and cached.
+
+    ``dtype``: the weights' dtype (default :func:`default_dtype`). The weights are built on
+    ``device`` (default: the GPU if there is one: a 1.1B model initializes in seconds there)
+    and written as safetensors; the directory name holds a hash of the preset's config, the
+    tokenizer and the dtype, so a changed config builds a new one."""
+    from utils.models import MODEL_PRESETS
+
+    if preset not in MODEL_PRESETS:
+        raise ServeError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    device = device or default_device()
+    dtype = dtype or default_dtype(device)
+    if dtype not in ("fp32", "bf16", "fp16"):
+        raise ServeError(f"dtype must be fp32, bf16 or fp16, got {dtype!r}")
+    base = Path(root) if root is not None else default_root()
+    out = base / f"{preset}-{dtype}-{_dir_key(preset, dtype)}"
+    if (out / MARKER).is_file():
+        return out
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=base))
+    except OSError as e:
+        raise ServeError(f"cannot write a model directory under {base}: {e.strerror or e}") from None
+    try:
+        marker = _write_model(preset, dtype, device, work)
+        (work / MARKER).write_text(json.dumps(marker, indent=1))
+        try:
+            work.rename(out)
+        except OSError:  # another process built it meanwhile: use theirs
+            if not (out / MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _write_model(preset: str, dtype: str, device: str, work: Path) -> dict:
+    from transformers.utils import logging as hf_logging
+
+    from utils.models import shipped_tokenizer
+
+    tok = shipped_tokenizer()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards": a widget in Jupyter, stderr elsewhere
+    try:
+        return _write_files(preset, dtype, device, work, tok)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _write_files(preset: str, dtype: str, device: str, work: Path, tok) -> dict:
+    import torch
+    from transformers import GenerationConfig
+
+    from utils.models import build_model
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        torch.manual_seed(0)
+        model = build_model(preset, dtype=dtype, device=device).eval()
+        vocab = int(model.config.vocab_size)
+        clean = [i for i in clean_token_ids(tok) if i < vocab]
+        model.config.eos_token_id = model.config.bos_token_id = model.config.pad_token_id = None
+        model.generation_config = GenerationConfig(
+            do_sample=False, eos_token_id=None, bos_token_id=None, pad_token_id=None,
+            suppress_tokens=sorted(set(range(vocab)) - set(clean)))
+        model.save_pretrained(work)
+        tok.save_pretrained(work)
+    n_params = sum(p.numel() for p in model.parameters())
+    max_pos = int(getattr(model.config, "max_position_embeddings", 2048))
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    del model
+    if device != "cpu":
+        torch.cuda.empty_cache()
+    return {"layout": LAYOUT, "preset": preset, "dtype": dtype, "params": n_params, "weight_bytes": weight_bytes,
+            "vocab_size": vocab, "tokenizer_size": len(tok), "allowed_token_ids": clean,
+            "max_position_embeddings": max_pos,
+            "note": "random weights: honest for speed and memory, not for text; no end-of-sequence token, so "
+                    "every request generates exactly max_tokens"}
+
+
+def model_facts(model_dir: Path) -> dict:
+    """What starting needs to know of a directory: :func:`build_model_dir`'s marker, or, for
+    any other checkpoint (real weights from the hub, say), its ``config.json``."""
+    if (model_dir / MARKER).is_file():
+        return read_marker(model_dir)
+    cfg_path = model_dir / "config.json"
+    if not model_dir.is_dir():
+        raise ServeError(f"{model_dir} is not a directory: pass a model directory (serve.build_model_dir(preset), "
+                         "or a downloaded checkpoint)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except OSError:
+        raise ServeError(f"{model_dir} has no config.json, so it is not a model directory: build one with "
+                         "serve.build_model_dir(preset) or point at a downloaded checkpoint") from None
+    except ValueError as e:
+        raise ServeError(f"{cfg_path} is not valid JSON ({e}); re-download or rebuild the checkpoint") from None
+    text = cfg.get("text_config", cfg)
+    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(cfg.get("torch_dtype") or cfg.get("dtype")))
+    return {"dtype": dtype or "auto", "max_position_embeddings": int(text.get("max_position_embeddings", 2048)),
+            "allowed_token_ids": None, "note": "a checkpoint not built by utils.serve: its output may stop at "
+                                               "an end-of-sequence token unless the request asks to ignore it"}
+
+
+def quantized_model_dir(model_dir: str | os.PathLike, fmt: str = "w8a8") -> Path:
+    """``model_dir`` with its decoder's linear weights quantized ahead of time
+    (:mod:`utils.int8_checkpoint`: ``"w8a8"`` int8 weights and activations, ``"w4a16"`` 4-bit
+    weights), written once beside it as ``<name>-<fmt>`` and reused. vLLM serves both, its CPU
+    build included (compressed-tensors)."""
+    from utils import int8_checkpoint
+
+    src = Path(model_dir).resolve()
+    out = src.parent / f"{src.name}-{fmt}"
+    if (out / MARKER).is_file():
+        return out
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=src.parent))
+    try:
+        try:
+            writer = {"w8a8": int8_checkpoint.write_w8a8, "w4a16": int8_checkpoint.write_w4a16}[fmt]
+        except KeyError:
+            raise ServeError(f"fmt must be one of w8a8, w4a16, got {fmt!r}") from None
+        try:
+            writer(src, work)
+        except int8_checkpoint.CheckpointError as e:
+            raise ServeError(str(e)) from None
+        if not (work / MARKER).is_file():
+            raise ServeError(f"{src} has no {MARKER}: quantize a directory from build_model_dir")
+        try:
+            work.rename(out)
+        except OSError:  # another process wrote it meanwhile: use theirs
+            if not (out / MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
