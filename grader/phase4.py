@@ -42,7 +42,7 @@ PHASE = records.PHASE
 EXTRA_MODULES = ("utils.loadgen.client", "utils.loadgen.metrics", "utils.loadgen.workloads", "utils.serve",
                  "utils.exporter")
 HEADROOM, MIN_GOOD_FRACTION, CHOICE_TIE = records.HEADROOM, records.MIN_GOOD_FRACTION, records.CHOICE_TIE
-SLO_KEYS, SLO_MAX_FACTOR = records.SLO_KEYS, records.SLO_MAX_FACTOR
+SLO_KEYS, SLO_MAX_FACTOR, SLO_FLOOR_MS = records.SLO_KEYS, records.SLO_MAX_FACTOR, records.SLO_FLOOR_MS
 METRICS, STATS, ROUNDING_MS = records.METRICS, records.STATS, records.ROUNDING_MS
 RERUNS = 3  # the grader's runs at the operating rate, per comparison
 ATTEMPTS = 2  # a comparison that misses its band is measured again once

@@ -188,6 +188,15 @@ def test_workload_rules(change, match):
         R.workload_valid(R.workload_desc(_h100_workload(**change)), sizes)
 
 
+def test_slo_bounds_have_a_floor_for_a_zero_p50():
+    """A synchronous TPOT p50 of 0 (every token in one chunk) still allows a positive SLO, and
+    the floor does not widen the bound of an ordinary p50."""
+    from grader.phase4_records import SLO_FLOOR_MS, slo_bounds
+
+    assert slo_bounds(0.0) == (0.0, 20 * SLO_FLOOR_MS)
+    assert slo_bounds(12.5) == (12.5, 250.0)
+
+
 def test_choice_rule_breaks_ties_by_p95():
     from grader.phase4_records import reference_choice
 

@@ -147,7 +147,7 @@ def test_load_generator_agrees_with_vllms_own_histograms(vllm_server):
     starts before the request leaves and stops when the chunk arrives, so it adds the front
     end's path (HTTP, tokenizing, the engine's IPC, detokenizing, SSE): it can only add time,
     and TTFT and E2E are at least the server's (1 ms slack for two clocks). That added time is
-    about 2 to 3.5 ms on a quiet machine (REFERENCE) and grows with CPU contention; above
+    about 2 to 3.5 ms on a quiet machine (benchmarks/RESULTS.md) and grows with CPU contention; above
     500 ms the client would be mis-timing, not waiting. TPOT, (E2E - TTFT) / (n - 1) on both
     sides, differs per request by (last chunk's path - first chunk's path) / (n - 1), which is
     at most (added TTFT + added E2E) / (n - 1); so do the means (0.5 ms slack)."""

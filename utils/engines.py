@@ -117,7 +117,8 @@ def _candidates(engine: str) -> list[tuple[str, str]]:
         out.append((os.environ[env], f"${env}"))
     out.append((sys.executable, "this interpreter"))
     if engine == "vllm" and _venv_python(VLLM_VENV).exists():
-        out.append((str(_venv_python(VLLM_VENV)), str(VLLM_VENV.relative_to(REPO))))
+        where = VLLM_VENV.relative_to(REPO) if VLLM_VENV.is_relative_to(REPO) else VLLM_VENV
+        out.append((str(_venv_python(VLLM_VENV)), str(where)))
     return out
 
 

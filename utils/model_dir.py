@@ -5,11 +5,11 @@ and a generation config that fixes every request's output length.
 random weights (honest for speed and memory, meaningless for text), the course's shipped
 tokenizer, and a ``generation_config.json`` that makes the output length fixed: no
 end-of-sequence token (``transformers serve`` rejects vLLM's ``ignore_eos``/``min_tokens``
-with 422, REFERENCE.md) and every token id that cannot be streamed as text on its own
+with 422: ``transformers/cli/serve.py``) and every token id that cannot be streamed as text on its own
 suppressed: special tokens, byte pieces of an incomplete UTF-8 character (the streamer holds
 them back: a random model that keeps picking one would stream nothing), and the ids of a
 preset's vocabulary beyond the tokenizer's 4096. A random tiny Llama otherwise emits only
-its end-of-sequence token (REFERENCE.md). vLLM ignores ``suppress_tokens``; its requests
+its end-of-sequence token (seen with transformers 5.24). vLLM ignores ``suppress_tokens``; its requests
 carry the same set as ``allowed_token_ids`` (:meth:`Server.workload_fields`).
 
 A directory not built here (a checkpoint downloaded from the hub) serves too: its
