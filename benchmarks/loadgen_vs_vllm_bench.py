@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import statistics
@@ -356,16 +355,6 @@ def one_run(server, client: str, pair: int, seed: int, *, python: str, work: Pat
     return record
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def default_out(device: str, preset: str, a) -> Path:
     variant = "".join(f"-{v}" for v in (a.weights if a.weights != "16bit" else None, a.quantization and "fp8w",
                                         a.kv_cache_dtype and "fp8kv") if v)
@@ -434,7 +423,7 @@ def benchmark(a, argv: list[str]) -> dict:
         "benchmark": "loadgen_vs_vllm_bench", "date": time.strftime("%Y-%m-%d"),
         "command": "python benchmarks/loadgen_vs_vllm_bench.py " + " ".join(argv),
         "env": {k: os.environ[k] for k in ("GPULAB_VLLM_PYTHON",) if k in os.environ},
-        "machine": {"cpu": _cpu_name(), "cpu_count": os.cpu_count(), "fingerprint": hardware.fingerprint()},
+        "machine": {"cpu": hardware._cpu_name(), "cpu_count": os.cpu_count(), "fingerprint": hardware.fingerprint()},
         "engine": engine, "preset": a.preset, "model_dir": str(model_dir),
         "workload": {"num_requests": a.num_requests, "input_len": a.input_len, "output_len": a.output_len,
                      "concurrency": a.concurrency, "request_rate": "inf", "endpoint": "/v1/completions",
