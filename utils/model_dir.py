@@ -117,14 +117,20 @@ def build_model_dir(preset: str, dtype: str | None = None, *, root: str | os.Pat
     try:
         marker = _write_model(preset, dtype, device, work)
         (work / MARKER).write_text(json.dumps(marker, indent=1))
-        try:
-            work.rename(out)
-        except OSError:  # another process built it meanwhile: use theirs
-            if not (out / MARKER).is_file():
-                raise
+        _publish(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def _publish(work: Path, out: Path) -> None:
+    """Move a finished directory into place in one rename; if another process got there first,
+    keep theirs (its marker is written last, so a directory with one is complete)."""
+    try:
+        work.rename(out)
+    except OSError:
+        if not (out / MARKER).is_file():
+            raise
 
 
 def _write_model(preset: str, dtype: str, device: str, work: Path) -> dict:
@@ -218,11 +224,7 @@ def quantized_model_dir(model_dir: str | os.PathLike, fmt: str = "w8a8") -> Path
             raise ServeError(str(e)) from None
         if not (work / MARKER).is_file():
             raise ServeError(f"{src} has no {MARKER}: quantize a directory from build_model_dir")
-        try:
-            work.rename(out)
-        except OSError:  # another process wrote it meanwhile: use theirs
-            if not (out / MARKER).is_file():
-                raise
+        _publish(work, out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
