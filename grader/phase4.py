@@ -40,6 +40,7 @@ records.checks = checks  # its functions look the name up at call time
 LIVE, RECORD = checks.LIVE, checks.RECORD
 PHASE = records.PHASE
 EXTRA_MODULES = ("utils.loadgen.client", "utils.loadgen.metrics", "utils.loadgen.workloads", "utils.serve",
+                 "utils.engines", "utils.model_dir",  # the starter's command lines and model directory
                  "utils.exporter")
 HEADROOM, MIN_GOOD_FRACTION, CHOICE_TIE = records.HEADROOM, records.MIN_GOOD_FRACTION, records.CHOICE_TIE
 SLO_KEYS, SLO_MAX_FACTOR, SLO_FLOOR_MS = records.SLO_KEYS, records.SLO_MAX_FACTOR, records.SLO_FLOOR_MS
