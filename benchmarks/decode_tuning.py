@@ -1,4 +1,4 @@
-"""Ways to compile the fast decode step, measured side by side, and where its time goes (issue 6's 40% goal).
+"""Ways to compile the fast decode step, measured side by side, and where its time goes (the goal: 40% of copy bandwidth).
 
     python benchmarks/decode_tuning.py OUT.json [--variants NAME,...]   # on a CUDA GPU: Llama-1.1B shape, bf16, batch 1
 
@@ -59,6 +59,8 @@ def kernel_profile(path, new_tokens: int, steps: int = 3) -> dict:
     generations of ``new_tokens`` tokens (each includes one uncompiled prefill)."""
     from utils import profiling
     from utils.timing import device_sync
+    from utils.trace_events import load_events
+    from utils.trace_metrics import analysis_window, step_windows
 
     def generation():  # synchronised, so each ProfilerStep holds its own generation's kernels
         path(new_tokens)
@@ -67,8 +69,8 @@ def kernel_profile(path, new_tokens: int, steps: int = 3) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         s = profiling.profile_steps(generation, steps=steps, warmup=1, wait=0, top=15,
                                     trace_path=Path(tmp) / "trace.json")
-        events = profiling.load_events(s.trace_path)
-    window = profiling.analysis_window(events, profiling.step_windows(events))
+        events = load_events(s.trace_path)
+    window = analysis_window(events, step_windows(events))
     kernels = [e for e in events if e.cat == "kernel" and e.end > window[0] and e.ts < window[1]]
     per_gen = len(kernels) / steps
     return {"steps": steps, "new_tokens": new_tokens, "kernels_per_generation": per_gen,
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from utils import decode, inference
     from utils.models import build_model
+    from utils.units import GB
 
     if not torch.cuda.is_available():
         print("decode_tuning.py: error: needs a CUDA GPU (it measures compiled CUDA graphs)", file=sys.stderr)
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if reference is None:
             reference = tokens
-        gbs = wbr * m["tokens_per_s"] / 1e9
+        gbs = wbr * m["tokens_per_s"] / GB
         res["variants"][name] = {
             "coordinate_descent_tuning": tune, "compile_mode": path.decoder.compile_mode,
             "decode_attention": path.decoder.decode_attention,

@@ -1,4 +1,4 @@
-"""Lab 02's FSDP cell, outside the notebook: the same ``grader.phase2.run_training`` calls.
+"""Lab 02's FSDP cell, outside the notebook: the same ``utils.launch.run_training`` calls.
 
     python benchmarks/lab02_fsdp_cell.py --out OUT
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from grader import phase2
+    from utils import launch
 
     if not torch.cuda.is_available():
         print("lab02_fsdp_cell.py: error: FSDP needs CUDA GPUs (NCCL); run it on a GPU machine", file=sys.stderr)
@@ -40,20 +40,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lab02_fsdp_cell.py: error: cannot create --out {a.out}: {exc}", file=sys.stderr)
         return 2
     n = torch.cuda.device_count()
-    p = phase2.plan_for(max(n, 2), False, a.tier, str(a.out))._replace(nproc=n, n_gpus=n)
+    p = launch.plan_for(max(n, 2), False, a.tier, str(a.out))._replace(nproc=n, n_gpus=n)
     out: dict = {"gpus": n, "tier": a.tier}
     try:  # run_training raises RuntimeError with the failing launch's one-line reason and its log
-        one = phase2.run_training(p, 1, "fsdp_1", config="fsdp_full_shard")
+        one = launch.run_training(p, 1, "fsdp_1", config="fsdp_full_shard")
         out["fsdp_1"] = {k: one.get(k) for k in KEEP}
         for cfg in ("fsdp_shard_grad_op", "fsdp_full_shard"):
-            out[cfg] = {k: v for k, v in phase2.run_training(p, n, cfg, config=cfg, baseline=one).items() if k in KEEP}
-        plain = phase2.run_training(p, 1, "ddp_1")
+            out[cfg] = {k: v for k, v in launch.run_training(p, n, cfg, config=cfg, baseline=one).items() if k in KEEP}
+        plain = launch.run_training(p, 1, "ddp_1")
     except RuntimeError as exc:
         print(f"lab02_fsdp_cell.py: error: {exc}", file=sys.stderr)
         return 1
     out["ddp_1"] = {k: plain.get(k) for k in KEEP}
     try:
-        phase2.run_training(p, 1, "fsdp_vs_plain", config="fsdp_full_shard", baseline=plain)
+        launch.run_training(p, 1, "fsdp_vs_plain", config="fsdp_full_shard", baseline=plain)
         out["refused"] = None
     except RuntimeError as exc:
         out["refused"] = str(exc)

@@ -2,7 +2,7 @@
 
 A GPT-2-small-shaped model (transformers ``GPT2LMHeadModel`` from its default config,
 random weights, 124M parameters) trains under bf16 autocast with fused AdamW, batch 16 x
-1024 tokens on a GPU (a step of roughly 85 ms on an H200, from REFERENCE.md's 194k
+1024 tokens on a GPU (a step of roughly 85 ms on an H200, from docs/reference.md's 194k
 tokens/s). Blocks of ``--steps-per-block`` steps alternate without and with a running
 monitor, in pairs whose order alternates (AB, BA, AB, ...) so that a slow drift of the
 clocks or the temperature does not look like overhead. Each block is timed with
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from utils.nvml import GpuMonitor  # noqa: E402
+from utils.monitor import GpuMonitor  # noqa: E402
 from utils.timing import device_sync  # noqa: E402
 
 GPU_SHAPE = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}  # GPT-2 small

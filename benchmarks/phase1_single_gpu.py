@@ -50,7 +50,7 @@ def ladder(smoke: bool):
             ("eager + activation checkpointing", with_changes(padded, checkpointing=True)),
             ("optimized, dropout off", with_changes(compiled, dropout=0.0)),
             (f"optimized, dropout off, batch {2 * b1}", with_changes(compiled, dropout=0.0, batch_size=2 * b1)),
-            # the MFU push (issue 4): CUDA graphs remove the remaining launch gaps; max-autotune
+            # the MFU push: CUDA graphs remove the remaining launch gaps; max-autotune
             # benchmarks Triton matmul/attention templates against cuBLAS at compile time (minutes)
             (f"optimized, dropout off, batch {2 * b1}, CUDA graphs",
              with_changes(compiled, dropout=0.0, batch_size=2 * b1, compile_mode="reduce-overhead")),

@@ -15,7 +15,7 @@ it measured; a section that fails is recorded with its error and the run goes on
    static cache (transformers compiles it); for each, tokens/s, achieved bandwidth (weights
    read + KV at the mean context, per step) and its fraction of the copy bandwidth, the
    warm-up (compile) time, and where its greedy tokens part from eager ``generate``'s.
-   Goal (issue 6): the fast path at >= 40% of the copy bandwidth on one H200.
+   Goal: the fast path at >= 40% of the copy bandwidth on one H200.
 3. ``kv_growth``: ``torch.cuda.memory_allocated`` as decoding grows a ``DynamicCache``, against
    ``utils.kvcache`` (goal: within 2%).
 4. ``ttft``: time to first token against prompt length.
@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     from utils import decode, env, inference, kvcache, quantize
     from utils.hardware import current_spec, fingerprint
     from utils.models import build_model, get_tokenizer, token_batches
+    from utils.units import GB
 
     if a.smoke:
         os.environ["GPULAB_SMOKE"] = "1"
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
         path = make()
         decode.warm(path, s.new_tokens)
         d = inference.measure_decode(path, s.new_tokens)
-        gbs = bytes_per_step * d["tokens_per_s"] / 1e9
+        gbs = bytes_per_step * d["tokens_per_s"] / GB
         tokens = path(s.new_tokens)
         state.setdefault("tokens", {})[path.name] = tokens
         ref = state["tokens"].get("eager")
@@ -230,7 +231,7 @@ def main(argv=None) -> int:
             if "tokens_per_s" in r:
                 r["bandwidth_gbs"] = inference.decode_bytes_per_step(
                     wbr, kvt, r["batch"], inference.mean_context_len(s.prompt_len, s.new_tokens)) * r["tokens_per_s"] / (
-                    r["batch"] * 1e9)
+                    r["batch"] * GB)
         return {"rows": rows}
 
     run.section("batching", batching, min_left_s=60)

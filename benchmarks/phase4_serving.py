@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     from grader import phase4_records as R
     from utils import hardware, loadgen, nvml, serve
     from utils.env import phase_sizes
+    from utils.units import gb_per_s
 
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
     bad = [c for c in configs if c not in CONFIGS]
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
                 entry["synchronous"] = brief(sync)
                 tpot = sync["tpot_ms"]["p50"]
                 if tpot:
-                    gbs = marker["weight_bytes"] / (tpot * 1e-3) / 1e9
+                    gbs = gb_per_s(marker["weight_bytes"], tpot)
                     entry["weights_read_gbs_at_sync_tpot"] = round(gbs, 1)
                     entry["fraction_of_datasheet_bandwidth"] = round(gbs / spec.bandwidth_gbs, 4) if gpu else None
                 print(f"  synchronous: TTFT p50 {sync['ttft_ms']['p50']} ms, TPOT p50 {tpot} ms", flush=True)

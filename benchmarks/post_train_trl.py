@@ -233,7 +233,9 @@ def _summary(trainer, out, clock, warmup: int, last: int, world: int) -> dict:
 def _peak_gib(device) -> float | None:
     import torch
 
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    from utils.units import GIB
+
+    return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
 
 
 def _reset_peak(device) -> None:

@@ -2,7 +2,7 @@
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
 # Steps: device monitor timing profiling exporter models grader allreduce multigpu breaks accum
-#        trl fused phase3 decode serving scaling (1 to 8 GPUs, issue 9) lab:ASSIGNMENT (the reference answers of that lab graded live
+#        trl fused phase3 decode serving scaling (1 to 8 GPUs) lab:ASSIGNMENT (the reference answers of that lab graded live
 #        here, e.g. lab:02_multi_gpu; python -m grader.gpu_check --live-only)
 # (default: the first six). Needs nbgrader for grader and lab:*; bitsandbytes where a lab quantizes.
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
@@ -108,7 +108,7 @@ torch.cuda.synchronize()" & load=$!
       al 1 --out "$out/p2b_accum_1gpu.json" $a
       al "$n" --out "$out/p2b_accum_syncall_${n}gpu.json" $a --no-sync-accum --baseline "$out/p2b_accum_1gpu.json"
       al "$n" --out "$out/p2b_accum_nosync_${n}gpu.json" $a --baseline "$out/p2b_accum_1gpu.json" ;;
-    scaling) # issue 9: 1, 2, 4, 8 GPUs (as many as there are): all-reduce, eager and compiled DDP, eager FSDP2 full shard
+    scaling) # 1, 2, 4, 8 GPUs (as many as there are): all-reduce, eager and compiled DDP, eager FSDP2 full shard
       n=$(python -c "import torch; print(torch.cuda.device_count())"); cfg=benchmarks/accelerate; t=benchmarks/train_multi_gpu.py
       for k in 1 2 4 8; do
         [ "$k" -le "$n" ] || break
@@ -116,7 +116,7 @@ torch.cuda.synchronize()" & load=$!
           run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 $t --bf16 --out "$out/sc_eager_1gpu.json"
           run accelerate launch --config_file $cfg/ddp.yaml --num_processes 1 $t --bf16 --compile --out "$out/sc_compiled_1gpu.json"
           # FSDP's own 1-GPU point: with --bf16 it computes on bf16 weights, unlike the autocast runs above.
-          # FSDP2, because FSDP1 on one process switches itself to NO_SHARD, a slower path (RESULTS.md, fifth session)
+          # FSDP2, because FSDP1 on one process switches itself to NO_SHARD, a slower path (RESULTS.md)
           run accelerate launch --config_file $cfg/fsdp2_full_shard.yaml --num_processes 1 $t --bf16 --out "$out/sc_fsdp_1gpu.json"
           continue
         fi

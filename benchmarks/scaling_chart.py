@@ -1,4 +1,4 @@
-"""Scaling table and chart from recorded phase 2 runs (issues 5 and 9).
+"""Scaling table and chart from recorded phase 2 runs: tokens/s per GPU by GPU count, all-reduce bandwidth.
 
     python benchmarks/scaling_chart.py FOLDER_OR_JSON... [--png FILE] [--title TEXT]
 

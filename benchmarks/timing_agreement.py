@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from utils.hardware import CPU_SPEC, current_spec, fingerprint, spec_dict  # noqa: E402
 from utils.record import utils_hash  # noqa: E402
 from utils.timing import benchmark  # noqa: E402
+from utils.units import gb_per_s, tflop_per_s  # noqa: E402
 
 MIB = 2**20
 GPU_SIZES = {"matmul_n": (2048, 4096, 8192), "copy_bytes": (64 * MIB, 256 * MIB, 1024 * MIB)}
@@ -93,12 +94,11 @@ def run(smoke: bool, budget_s: float) -> dict:
             med, p20, p80 = theirs
             row["do_bench"] = {"median_ms": med, "p20_ms": p20, "p80_ms": p80}
             row["diff_pct"] = 100 * (ours.median_ms - med) / med
-        seconds = ours.median_ms / 1e3
         if kind == "matmul":
-            row["tflops"] = work / seconds / 1e12
+            row["tflops"] = tflop_per_s(work, ours.median_ms)
             row["fraction_of_peak"] = row["tflops"] / peak_tflops if peak_tflops else None
         else:
-            row["bandwidth_gbs"] = work / seconds / 1e9
+            row["bandwidth_gbs"] = gb_per_s(work, ours.median_ms)
             row["fraction_of_peak"] = row["bandwidth_gbs"] / peak_gbs if peak_gbs else None
         rows.append(row)
         diff = "n/a" if row["diff_pct"] is None else f"{row['diff_pct']:+.2f}%"

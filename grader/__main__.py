@@ -30,7 +30,8 @@ def _cmd_release(a) -> int:
 def _cmd_check(a) -> int:
     from grader.selfcheck import check_notebook, format_table
 
-    res = check_notebook(a.notebook, assignment=a.assignment, record=a.record, timeout_s=a.timeout, out_dir=a.out)
+    res = check_notebook(a.notebook, assignment=a.assignment, record=a.record, timeout_s=a.timeout, out_dir=a.out,
+                         screen=not a.no_screen)
     print(format_table(res))
     if a.json_out:
         a.json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -51,7 +52,8 @@ def _cmd_autograde(a) -> int:
         print(f"no submissions of {a.assignment} in {a.submissions} (expected <student>.ipynb or "
               f"submitted/<student>/{a.assignment}/{a.assignment}.ipynb)", file=sys.stderr)
         return 2
-    results = grade_batch(a.assignment, subs, a.out, jobs=a.jobs, timeout_s=a.timeout, progress=not a.quiet)
+    results = grade_batch(a.assignment, subs, a.out, jobs=a.jobs, timeout_s=a.timeout, progress=not a.quiet,
+                          screen=not a.no_screen)
     for r in results:
         print(f"{r['student_id']:<24} {r['score']:>6g} / {r['max_score']:<6g} {r['status']}")
     print(f"wrote {a.out / 'grades.csv'} and feedback under {a.out / 'feedback'}")
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--record", type=Path, help="measurement record (default: <assignment>.record.json beside the notebook)")
     c.add_argument("--timeout", type=int, help="seconds per cell (default 60 in smoke mode, 600 on a GPU)")
     c.add_argument("--out", type=Path, help="keep the graded notebook, its record and feedback HTML here")
+    c.add_argument("--no-screen", action="store_true",
+                   help="run a notebook even when its code reaches into the kernel or the grader (after review)")
     c.set_defaults(fn=_cmd_check)
 
     g = sub.add_parser("autograde", help="grade every submission in a folder (instructors)")
@@ -83,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--jobs", type=int, default=1, help="submissions graded at once (each runs its own kernel)")
     g.add_argument("--timeout", type=int, help="seconds per cell (default 60 in smoke mode, 600 on a GPU)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--no-screen", action="store_true",
+                   help="grade flagged submissions too (after reviewing their findings in results.json)")
     g.set_defaults(fn=_cmd_autograde)
 
     a = p.parse_args(argv)

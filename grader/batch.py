@@ -56,6 +56,21 @@ def _zero(sub: Submission, assignment: str, max_score: float, status: str, cells
     }
 
 
+def _held_for_review(sub: Submission, assignment: str, max_score: float, cells: list[dict], dest: Path,
+                     released: Path) -> dict | None:
+    """The result of a submission the screen flags (every finding in ``notes``), or None."""
+    from grader.screen import screen_notebook
+
+    found = screen_notebook(json.loads((dest / f"{assignment}.ipynb").read_text()), json.loads(released.read_text()))
+    if not found:
+        return None
+    r = _zero(sub, assignment, max_score, f"held for review, not graded: {found[0]}"
+              + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""), cells)
+    r["notes"] = [f"screen: {f}" for f in found]
+    r["needs_review"] = True
+    return r
+
+
 def _kernel_env(smoke: bool, utils_sha256: str) -> dict:
     """The environment every grading kernel inherits.
 
@@ -196,8 +211,12 @@ def grade_batch(
     feedback: bool = True,
     progress: bool = True,
     source_dir: Path = SOURCE_DIR,
+    screen: bool = True,
 ) -> list[dict]:
-    """Grade ``subs``; write the outputs to ``out_dir`` (if given); return one dict each."""
+    """Grade ``subs``; write the outputs to ``out_dir`` (if given); return one dict each.
+
+    With ``screen`` (the default), a submission whose own code reaches into the kernel or the
+    grader (:mod:`grader.screen`) is not run: it is held at 0 for review, its findings listed."""
     from utils.env import smoke_mode
     from utils.record import utils_hash
 
@@ -236,6 +255,9 @@ def grade_batch(
                 results[sub.student_id] = _zero(sub, assignment, max_score, f"{name} could not be prepared for grading "
                                                 f"({type(exc).__name__}: {why})", cell_list)
                 continue
+            if screen and (held := _held_for_review(sub, assignment, max_score, cell_list, dest, released)):
+                results[sub.student_id] = held
+                continue
             runnable.append((sub, notes, record))
 
         bar = _progress(len(subs), progress)
@@ -250,8 +272,8 @@ def grade_batch(
                     r = _zero(sub, assignment, max_score, r["status"], cell_list)
                 _trust_master_points(r, cell_list, max_score)
                 r["notes"] = notes + r.get("notes", [])
-                if r["status"] == "ok" and notes:
-                    r["status"] = "graded; " + "; ".join(notes)
+                if r["status"] == "ok" and r["notes"]:
+                    r["status"] = "graded; " + "; ".join(r["notes"])
                 results[sub.student_id] = r
                 bar.update(1)
         bar.close()

@@ -1,4 +1,4 @@
-"""Helpers for hidden tests that grade on measured numbers (DESIGN.md, "Grading on measured numbers").
+"""Helpers for hidden tests that grade on measured numbers (docs/grading.md).
 
 The rules, and where each lives here:
 
@@ -11,48 +11,42 @@ The rules, and where each lives here:
    (:func:`assert_not_above`), no utilization over 100%, no memory above the card.
 4. The measurement code is the grader's: :func:`assert_untampered` fails on a patched
    ``time.perf_counter`` (and friends), ``torch.cuda.Event.elapsed_time`` /
-   ``record`` / ``synchronize``, ``torch.cuda.synchronize`` or any function of ``utils``.
-   Each function's code object is compared with a fresh compile of the file it should come
-   from (nothing is executed), so a function rebound in a notebook cell, or a module
-   attribute swapped for a fake, shows up. GPU MODE's evaluator names
-   ``Event.elapsed_time`` patching as a known cheat (REFERENCE.md, "Timing").
+   ``record`` / ``synchronize``, ``torch.cuda.synchronize`` or any function of ``utils``
+   (:mod:`grader.tamper` compares code objects with a fresh compile of their files).
 5. With no GPU on the grading machine and a GPU measurement record from the learner
    (``GPULAB_SUBMITTED_RECORD``), measured cells are graded from the record instead
    (:func:`grading_mode`), and :func:`say` puts that in the feedback.
 6. nbgrader scores a test cell 0 on any stderr output, so every call into learner code goes
    through :func:`quiet`; messages for the learner go to stdout (:func:`say`).
-
 7. How a cell is graded (live or from the record, smoke sizes or GPU sizes) follows from
    variables the grader sets before the kernel starts; a notebook that changes one of
-   :data:`GRADING_VARS` in ``os.environ`` fails :func:`assert_environment_unchanged` (the
-   kernel's starting environment is read from ``/proc/self/environ``, which assignments to
-   ``os.environ`` leave alone), and a patched ``torch.cuda.is_available`` fails
-   :func:`gpu_here`.
+   ``grader.tamper.GRADING_VARS`` in ``os.environ`` fails the tamper check, and a patched
+   ``torch.cuda.is_available`` fails :func:`gpu_here`.
 
-Hidden tests do not use the ``grader.checks`` the notebook imported: ``grader/phase0.py`` is
-loaded afresh from its file and loads this file afresh, so rebinding ``checks`` in the
-notebook or patching its functions changes nothing. Limits: the checks run in the learner's
-kernel, so a learner who patches the import machinery or IPython itself is out of reach here.
-Rewriting the course code on disk is caught outside the kernel (grader/batch.py grades each
-notebook on its own copy and compares it afterwards); files elsewhere on the grading machine
-(the Python environment) are not watched: grade untrusted submissions in a container.
+Hidden tests do not use the ``grader.checks`` the notebook imported: ``grader.phase(n)``
+(``grader/__init__.py``) loads this file, :mod:`grader.tamper` and the phase's modules
+afresh from their files, so rebinding ``checks`` in the notebook or patching its functions
+changes nothing. Limits: the checks run in the learner's kernel, so a learner who patches
+the import machinery or IPython itself is out of reach here. Rewriting the course code on
+disk is caught outside the kernel (grader/batch.py grades each notebook on its own copy and
+compares it afterwards); files elsewhere on the grading machine (the Python environment) are
+not watched: grade untrusted submissions in a container.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import io
+import json
 import math
 import numbers
 import os
 import sys
-import time
-import types
 import warnings
-from functools import cache
 from pathlib import Path
 from typing import Any
+
+from grader import tamper  # grader.phase(n) rebinds it to a fresh copy; look it up at call time
 
 MARK = "grader:"  # grader/worker.py reads these lines from test-cell stdout
 RECORD_VAR = "GPULAB_SUBMITTED_RECORD"
@@ -62,13 +56,7 @@ SPREAD_FACTOR = 3.0  # band = SPREAD_FACTOR x the noisier run's (p80 - p20) / me
 GPU_BAND_CAP = 1.0  # never wider than x2 either way on a GPU, however noisy: a band must be able to fail
 SMOKE_BAND_CAP = 3.0  # x4 either way on a CPU: 500 "TFLOP/s" from a CPU matmul still fails
 DATASHEET_SLACK = 1.05  # a measurement may read 5% over a datasheet figure (rounding, boost); more is impossible
-TIMERS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time")
-UTILS_MODULES = ("utils.timing", "utils.flops", "utils.nvml", "utils.hardware", "utils.record", "utils.env",
-                 "utils.memory", "utils.models", "utils.plots", "utils.profiling", "utils.training",
-                 "utils.distributed", "utils.validate",
-                 "utils.inference", "utils.decode", "utils.quantize")
 LIVE, RECORD = "measured live", "graded from record"
-GRADING_VARS = ("GPULAB_SMOKE", RECORD_VAR, "GPULAB_UTILS_SHA256", "CUDA_VISIBLE_DEVICES")
 
 
 # -- output hygiene -------------------------------------------------------------------------
@@ -143,201 +131,13 @@ def assert_positive(value: Any, name: str) -> float:
     return v
 
 
-# -- tamper detection -----------------------------------------------------------------------
-
-@cache
-def _fresh_code(path: str) -> dict[str, list[types.CodeType]]:
-    """Every function code object of the file at ``path``, by qualified name, compiled now."""
-    src = Path(path).read_text(encoding="utf-8")
-    top = compile(src, path, "exec", dont_inherit=True)
-    out: dict[str, list[types.CodeType]] = {}
-
-    def walk(code: types.CodeType, prefix: str) -> None:
-        for c in code.co_consts:
-            if isinstance(c, types.CodeType):
-                if c.co_name.startswith("<") and c.co_name != "<lambda>":
-                    continue
-                qual = f"{prefix}{c.co_name}"
-                out.setdefault(qual, []).append(c)
-                walk(c, f"{qual}.")
-
-    walk(top, "")
-    return out
-
-
-def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
-    if a.co_code != b.co_code or a.co_names != b.co_names or a.co_varnames != b.co_varnames:
-        return False
-    ca = [c for c in a.co_consts if not isinstance(c, types.CodeType)]
-    cb = [c for c in b.co_consts if not isinstance(c, types.CodeType)]
-    if ca != cb:
-        return False
-    na = [c for c in a.co_consts if isinstance(c, types.CodeType)]
-    nb = [c for c in b.co_consts if isinstance(c, types.CodeType)]
-    return len(na) == len(nb) and all(_same_code(x, y) for x, y in zip(na, nb, strict=True))
-
-
-def _function_of(obj: Any) -> types.FunctionType | None:
-    for attr in ("__func__", "fget"):
-        if getattr(obj, attr, None) is not None:
-            obj = getattr(obj, attr)
-    obj = inspect.unwrap(obj) if callable(obj) else obj
-    return obj if isinstance(obj, types.FunctionType) else None
-
-
-def function_is_original(obj: Any, path: str, qualname: str) -> bool:
-    """Whether ``obj`` (function, method, property, wrapped function) runs the code that
-    ``qualname`` has in the file ``path``."""
-    fn = _function_of(obj)
-    if fn is None or os.path.realpath(fn.__code__.co_filename) != os.path.realpath(path):
-        return False
-    return any(_same_code(fn.__code__, c) for c in _fresh_code(path).get(qualname, []))
-
-
-def patched_timers() -> list[str]:
-    """Names of the standard clocks and CUDA timing calls that are not the originals."""
-    bad = []
-    for name in TIMERS:
-        f = getattr(time, name, None)
-        if not (isinstance(f, types.BuiltinFunctionType) and f.__name__ == name
-                and getattr(f.__self__, "__name__", None) == "time"):
-            bad.append(f"time.{name}")
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        streams = sys.modules.get("torch.cuda.streams")
-        if streams is None or torch.cuda.Event is not getattr(streams, "Event", None):
-            bad.append("torch.cuda.Event")
-        else:
-            for meth in ("elapsed_time", "record", "synchronize", "query", "wait"):
-                if not function_is_original(torch.cuda.Event.__dict__.get(meth), streams.__file__, f"Event.{meth}"):
-                    bad.append(f"torch.cuda.Event.{meth}")
-        cuda_init = sys.modules.get("torch.cuda")
-        if not function_is_original(torch.cuda.synchronize, cuda_init.__file__, "synchronize"):
-            bad.append("torch.cuda.synchronize")
-    return bad
-
-
-def patched_module(module: types.ModuleType) -> list[str]:
-    """Functions, methods and imported modules of ``module`` that differ from its file."""
-    path = getattr(module, "__file__", None)
-    if not path or not os.path.isfile(path):
-        return [f"{module.__name__} (no source file)"]
-    classes = _class_names(path)
-    live = vars(module)
-    bad = []
-    for qual in _fresh_code(path):
-        parts = qual.split(".")
-        if "<lambda>" in parts or len(parts) > 2 or (len(parts) == 2 and parts[0] not in classes):
-            continue  # nested code is compared as part of its parent
-        if len(parts) == 1 and parts[0] not in classes:
-            obj = live.get(parts[0])
-            if obj is None:
-                bad.append(f"{module.__name__}.{qual} (deleted)")
-            elif not function_is_original(obj, path, qual):
-                bad.append(f"{module.__name__}.{qual}")
-            continue
-        cls = live.get(parts[0])
-        if not isinstance(cls, type):
-            bad.append(f"{module.__name__}.{parts[0]} (class replaced)")
-            continue
-        if len(parts) == 2:
-            attr = cls.__dict__.get(parts[1])
-            fns = [getattr(attr, k, None) for k in ("fget", "fset", "fdel")] if isinstance(attr, property) else [attr]
-            if not any(f is not None and function_is_original(f, path, qual) for f in fns):
-                bad.append(f"{module.__name__}.{qual}")
-    for name, value in live.items():
-        if isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is not value:
-            bad.append(f"{module.__name__}.{name} (a module swapped for a fake)")
-    for name, modname in _imported_modules(path).items():
-        real = sys.modules.get(modname)
-        if real is not None and name in live and live[name] is not real:
-            bad.append(f"{module.__name__}.{name} (a module swapped for a fake)")
-    return sorted(set(bad))
-
-
-@cache
-def _imported_modules(path: str) -> dict[str, str]:
-    """Names the file binds to modules at module level: ``import time`` -> {"time": "time"},
-    ``import a.b as c`` -> {"c": "a.b"}, ``from utils import nvml`` -> {"nvml": "utils.nvml"}
-    (the last only counts if ``utils.nvml`` turns out to be a module)."""
-    import ast
-
-    out = {}
-    for node in ast.parse(Path(path).read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for a in node.names:
-                out[a.asname or a.name] = f"{node.module}.{a.name}"
-    return out
-
-
-@cache
-def _class_names(path: str) -> frozenset:
-    """Names of the classes defined at module level (inside if/try blocks too)."""
-    import ast
-
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    names = set()
-    stack = list(tree.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                stack.extend(getattr(node, field, []) or [])
-        elif isinstance(node, ast.ExceptHandler):
-            stack.extend(node.body)
-    return frozenset(names)
-
-
-def tamper_report(modules: tuple[str, ...] = UTILS_MODULES) -> list[str]:
-    """Everything patched: clocks, CUDA timing, ``utils`` functions, and this module when it
-    is the imported ``grader.checks`` (a fresh copy has nothing to compare)."""
-    bad = patched_timers()
-    for name in modules + (__name__,):
-        mod = sys.modules.get(name)
-        if mod is None:
-            if name == __name__:
-                continue
-            try:
-                mod = importlib.import_module(name)
-            except Exception as exc:  # a module that cannot import is not ours to grade
-                bad.append(f"{name} (cannot import: {type(exc).__name__})")
-                continue
-        bad.extend(patched_module(mod))
-    return bad
-
-
-def _start_environ() -> dict[str, str] | None:
-    """The environment this process started with (Linux ``/proc/self/environ``); None elsewhere."""
-    try:
-        raw = Path("/proc/self/environ").read_bytes()
-    except OSError:
-        return None
-    pairs = (item.partition(b"=") for item in raw.split(b"\0"))
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, sep, v in pairs if sep}
-
-
-def assert_environment_unchanged() -> None:
-    """AssertionError if the notebook changed one of :data:`GRADING_VARS` since its kernel
-    started under the grader (``GPULAB_GRADING=1`` then); nothing outside the grader."""
-    start = _start_environ()
-    if not start or start.get("GPULAB_GRADING") != "1":
-        return
-    changed = [v for v in GRADING_VARS if os.environ.get(v) != start.get(v)]
-    if changed:
-        raise AssertionError(f"the notebook changed {', '.join(changed)} while it was graded, and that decides how "
-                             "it is graded: remove the cell that sets it")
-
-
 def assert_untampered(extra_modules: tuple[str, ...] = ()) -> None:
     """AssertionError naming every patched clock or ``utils`` function, ``extra_modules``
-    (a phase's own reference modules, beside :data:`UTILS_MODULES`) included."""
-    assert_environment_unchanged()
-    bad = tamper_report(UTILS_MODULES + tuple(m for m in extra_modules if m not in UTILS_MODULES))
+    (a phase's own reference modules, beside ``grader.tamper.UTILS_MODULES``) included, and
+    the grader's own modules where they are the imported ones (:func:`grader.tamper.tamper_report`)."""
+    tamper.assert_environment_unchanged()
+    mods = tamper.UTILS_MODULES + tuple(m for m in extra_modules if m not in tamper.UTILS_MODULES)
+    bad = tamper.tamper_report(mods, own=(__name__, tamper.__name__))
     if bad:
         raise AssertionError(
             "measurement code was patched in this notebook, so its numbers cannot be graded: "
@@ -345,12 +145,34 @@ def assert_untampered(extra_modules: tuple[str, ...] = ()) -> None:
             + ". Remove the cell that replaces them and restart the kernel.")
 
 
+def assert_constants_unchanged(modules: tuple[str, ...]) -> None:
+    """AssertionError if the notebook rebound a constant of ``modules`` (``utils`` modules
+    whose names and thresholds the grader's rules read: :func:`grader.tamper.patched_constants`)."""
+    bad = [b for name in modules for b in tamper.patched_constants(importlib.import_module(name))]
+    if bad:
+        raise AssertionError(f"the notebook changed {', '.join(bad)}, which the grading rules read: remove the cell "
+                             "that sets it and restart the kernel")
+
+
+def assert_given(fn: Any, assignment: str, grade_id: str, name: str) -> None:
+    """``fn`` must run the code that the locked cell ``grade_id`` of the source notebook
+    ``grader/source/<assignment>/<assignment>.ipynb`` defines as ``name``."""
+    path = Path(__file__).resolve().parent / "source" / assignment / f"{assignment}.ipynb"
+    cell = next(c for c in json.loads(path.read_text())["cells"]
+                if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+    text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+    given = [c for c in compile(text, f"<{grade_id}>", "exec").co_consts if getattr(c, "co_name", "") == name]
+    code = getattr(fn, "__code__", None)
+    if not given or code is None or not tamper.same_code(code, given[0]):
+        raise AssertionError(f"{name} is not the one defined in the locked cell: do not redefine it")
+
+
 # -- where the numbers come from ------------------------------------------------------------
 
 def gpu_here() -> bool:
     torch = sys.modules.get("torch") or importlib.import_module("torch")
     cuda = sys.modules.get("torch.cuda")
-    if cuda is None or not function_is_original(torch.cuda.is_available, cuda.__file__, "is_available"):
+    if cuda is None or not tamper.function_is_original(torch.cuda.is_available, cuda.__file__, "is_available"):
         raise AssertionError("torch.cuda.is_available was patched in this notebook, so the grader cannot tell whether "
                              "it has a GPU: remove the cell that replaces it and restart the kernel")
     return bool(torch.cuda.is_available())
@@ -359,7 +181,7 @@ def gpu_here() -> bool:
 def smoke() -> bool:
     from utils.env import smoke_mode
 
-    assert_environment_unchanged()
+    tamper.assert_environment_unchanged()
     return smoke_mode()
 
 
@@ -368,7 +190,7 @@ def submitted_record():
 
     A file that is there but unreadable is an AssertionError: a broken or edited record must
     not fall back to something gentler."""
-    assert_environment_unchanged()
+    tamper.assert_environment_unchanged()
     path = os.environ.get(RECORD_VAR, "").strip()
     if not path:
         return None
@@ -384,7 +206,7 @@ def submitted_record():
 
 def announce_from_record(what: str) -> None:
     """Say in the feedback that ``what`` is graded from the learner's GPU record, and when it
-    was taken (rule 5 of DESIGN.md: the feedback says so)."""
+    was taken (rule 5 above: the feedback says so)."""
     import datetime
 
     rec = submitted_record()
@@ -440,6 +262,23 @@ def open_record():
     """``(record, spec row)`` of the learner's submitted GPU record."""
     rec = submitted_record()
     return rec, record_spec(rec)
+
+
+def record_path(assignment: str, smoke: bool) -> Path:
+    """Beside the notebook: a GPU run's record, or a smoke record that never overwrites it."""
+    return Path(f"{assignment}.smoke.record.json" if smoke else f"{assignment}.record.json")
+
+
+def save_record(assignment: str, ns: dict, path: str | Path | None = None):
+    """Write the notebook's measurement record: ``grader/phaseN_records.py``'s ``save_record``
+    for the assignment ``NN_name`` reads the numbers by name from ``ns`` (the notebook's
+    ``globals()``) and writes them beside the notebook (:func:`record_path`)."""
+    return importlib.import_module(f"grader.phase{int(assignment[:2])}_records").save_record(ns, path)
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: the name ``utils.hardware`` and ``utils.memory`` use."""
+    return str(dtype).removeprefix("torch.")
 
 
 def assert_defined(ns: dict, names: tuple[str, ...]) -> None:

@@ -148,6 +148,7 @@ def kill_descendants(spare: set[tuple[int, float]] = frozenset()) -> int:
 
 
 _GUARDED = None
+KERNEL_DIED = "the kernel died while running the notebook (a crash, os._exit, or out of memory)"
 
 
 def guarded_execute():
@@ -261,7 +262,7 @@ def _run(app) -> str:
 def _failure_reason(text: str) -> str:
     """One line saying why nbgrader failed, from its log."""
     if "DeadKernelError" in text or "Kernel died" in text:
-        return "the kernel died while running the notebook (a crash, os._exit, or out of memory)"
+        return KERNEL_DIED
     if "UnresponsiveKernelError" in text or "kernel became unresponsive" in text:
         return "the kernel stopped responding (a loop that ignores interrupts?)"
     if "CellTimeoutError" in text or "Timeout waiting for IOPub" in text:

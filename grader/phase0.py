@@ -9,61 +9,32 @@ The sizes, device and dtype come from ``utils.env`` here, not from the notebook'
 and the training step is checked against the locked cell that defines it: a learner who
 rebinds ``SIZES``, ``n`` or ``train_step`` gets numbers the grader does not reproduce.
 
-Hidden tests load this file afresh from disk (not through ``import``), and it loads
-``checks.py`` and ``phase0_records.py`` afresh the same way: a notebook that rebinds
-``phase0``/``checks`` or patches their functions cannot change what grades it. Patched
-clocks and ``utils`` are caught by :func:`grader.checks.assert_untampered`.
+Hidden tests get this module from ``grader.phase(0)``: loaded afresh from its file with fresh
+copies of ``checks.py`` and ``phase0_records.py`` (``grader/__init__.py``), so a notebook that
+rebinds ``checks`` or patches grader functions cannot change what grades it. Patched clocks
+and ``utils`` are caught by :func:`grader.checks.assert_untampered`.
 """
 from __future__ import annotations
 
-import importlib.util
-import json
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+# grader.phase(0) rebinds these to fresh copies: use them at call time only
+from grader import checks, remeasure
+from grader import phase0_records as records
+from utils import flops
+from utils.units import gb_per_s, tflop_per_s
 
-
-def _load_fresh(name: str):
-    """``grader/<name>.py`` executed anew under a private name (never the imported module)."""
-    spec = importlib.util.spec_from_file_location(f"_gpulab_fresh_{name}", HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-checks = _load_fresh("checks")
-records = _load_fresh("phase0_records")
-records.checks = checks  # its functions look the name up at call time
-LIVE, RECORD = checks.LIVE, checks.RECORD
-PHASE = records.PHASE
+PHASE = "00_foundations"
 LABELS = ("compute", "memory", "overhead")
 CPU_TFLOPS_CAP = 50.0  # estimate: no CPU socket comes near 50 fp32 TFLOP/s, so a CPU figure above it is invented
 ATTEMPTS = 3  # a reference that misses the band is timed again: a busy core or a clock dip spoils one run, not three
-rate, dtype_name, dtype_bytes, limiter_rule = records.rate, records.dtype_name, records.dtype_bytes, records.limiter_rule
-save_record, record_path = records.save_record, records.record_path
 
 
 # -- what the grader expects ------------------------------------------------------------------
 
 def setting() -> tuple[Any, str, Any]:
     """``(sizes, device, matmul dtype)`` as the notebook's setup cells choose them."""
-    import torch
-
-    from utils.env import phase_sizes, smoke_mode
-
-    smoke = smoke_mode()
-    if smoke:
-        return phase_sizes(PHASE), "cpu", torch.float32
-    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
-    return phase_sizes(PHASE), "cuda", dtype
-
-
-def _gpu_spec():
-    from utils.hardware import current_spec
-
-    spec = current_spec()
-    return spec if spec.kind == "gpu" else None
+    return remeasure.setting(PHASE)
 
 
 def _begin(what: str) -> str:
@@ -72,15 +43,6 @@ def _begin(what: str) -> str:
 
 # -- the grader's own measurements ----------------------------------------------------------
 
-def measure_matmul(n: int, dtype, device) -> dict:
-    import torch
-
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    t = checks.timed(lambda: a @ b)
-    return {"time": t, "tflops": rate(2 * n**3, t.median_ms, 1e12), "intensity": 2 * n / (3 * dtype_bytes(dtype))}
-
-
 def measure_memory(numel: int, device) -> dict:
     import torch
 
@@ -88,8 +50,8 @@ def measure_memory(numel: int, device) -> dict:
     out = torch.empty_like(x)
     ct = checks.timed(lambda: out.copy_(x))
     et = checks.timed(lambda: torch.add(x, 1.0, out=out))
-    return {"copy_time": ct, "copy_gbs": rate(8 * numel, ct.median_ms, 1e9), "ew_time": et,
-            "ew_gbs": rate(8 * numel, et.median_ms, 1e9), "ew_tflops": rate(numel, et.median_ms, 1e12)}
+    return {"copy_time": ct, "copy_gbs": gb_per_s(8 * numel, ct.median_ms), "ew_time": et,
+            "ew_gbs": gb_per_s(8 * numel, et.median_ms), "ew_tflops": tflop_per_s(numel, et.median_ms)}
 
 
 def _tiny_loop(t, k: int):
@@ -102,7 +64,7 @@ def measure_tiny(ops: int, device) -> dict:
     import torch
 
     t = checks.timed(_tiny_loop, torch.zeros(1, device=device), ops)
-    return {"time": t, "tflops": rate(ops, t.median_ms, 1e12)}
+    return {"time": t, "tflops": tflop_per_s(ops, t.median_ms)}
 
 
 # -- 1. the matmul --------------------------------------------------------------------------
@@ -110,30 +72,30 @@ def measure_tiny(ops: int, device) -> dict:
 def check_matmul(matmul_tflops, matmul_time, matmul_flops, matmul_bytes, achieved_tflops) -> None:
     """Exact FLOP and byte counts; TFLOP/s from the learner's own timing and function, within
     a band of the grader's re-measurement, below the datasheet peak."""
-    if _begin("the matmul") == RECORD:
+    if _begin("the matmul") == checks.RECORD:
         return records.matmul(achieved_tflops)
     checks.assert_untampered()
     sizes, device, dtype = setting()
     n = sizes.matmul_n
     checks.assert_close(matmul_flops, 2 * n**3, f"matmul_flops (2 n^3 for n = {n})")
-    checks.assert_close(matmul_bytes, 3 * n * n * dtype_bytes(dtype), f"matmul_bytes (read A and B, write C; {dtype_name(dtype)})")
+    checks.assert_close(matmul_bytes, 3 * n * n * records.dtype_bytes(dtype), f"matmul_bytes (read A and B, write C; {checks.dtype_name(dtype)})")
     med = checks.median(matmul_time, "matmul_time")
     with checks.quiet():
         mine = achieved_tflops(float(matmul_flops), med)
-    checks.assert_close(mine, rate(2 * n**3, med, 1e12), "achieved_tflops(matmul_flops, matmul_time.median_ms)", rel=1e-3)
+    checks.assert_close(mine, tflop_per_s(2 * n**3, med), "achieved_tflops(matmul_flops, matmul_time.median_ms)", rel=1e-3)
     checks.assert_close(matmul_tflops, mine, "matmul_tflops (from your matmul_time)", rel=1e-3)
-    spec = _gpu_spec()
+    spec = remeasure.gpu_spec()
     if device == "cuda":
-        checks.assert_not_above(matmul_tflops, spec and spec.peak_tflops(dtype_name(dtype)), "matmul_tflops", "TFLOP/s",
+        checks.assert_not_above(matmul_tflops, spec and spec.peak_tflops(checks.dtype_name(dtype)), "matmul_tflops", "TFLOP/s",
                                 f"the {spec.name if spec else 'GPU'} datasheet peak")
     else:
         checks.assert_not_above(matmul_tflops, CPU_TFLOPS_CAP, "matmul_tflops", "TFLOP/s", "what any CPU can do (an estimate)")
 
     def compare():
-        ref = measure_matmul(n, dtype, device)
+        ref = remeasure.matmul(n, dtype, device)
         rel = checks.band(ref["time"], matmul_time)
         checks.assert_in_band(matmul_tflops, ref["tflops"], rel, "matmul_tflops", "TFLOP/s")
-        checks.say_versus(f"{n}^3 {dtype_name(dtype)} matmul", ref["tflops"], matmul_tflops, "TFLOP/s", rel)
+        checks.say_versus(f"{n}^3 {checks.dtype_name(dtype)} matmul", ref["tflops"], matmul_tflops, "TFLOP/s", rel)
 
     checks.agree(compare, ATTEMPTS)
 
@@ -144,7 +106,7 @@ def check_memory(copy_gbs, copy_time, ew_gbs, ew_tflops, ew_time, ew_flops, ew_b
                  achieved_bandwidth_gbs, achieved_tflops) -> None:
     """Exact counts; rates from the learner's timings and functions, within a band of the
     grader's re-measurement, below the datasheet bandwidth."""
-    if _begin("copy and x + 1") == RECORD:
+    if _begin("copy and x + 1") == checks.RECORD:
         return records.memory(achieved_bandwidth_gbs, achieved_tflops)
     checks.assert_untampered()
     sizes, device, _ = setting()
@@ -156,11 +118,11 @@ def check_memory(copy_gbs, copy_time, ew_gbs, ew_tflops, ew_time, ew_flops, ew_b
         c_mine = achieved_bandwidth_gbs(float(8 * numel), cmed)
         e_mine = achieved_bandwidth_gbs(float(ew_bytes), emed)
         t_mine = achieved_tflops(float(ew_flops), emed)
-    checks.assert_close(c_mine, rate(8 * numel, cmed, 1e9), "achieved_bandwidth_gbs(copy bytes, copy_time.median_ms)", rel=1e-3)
+    checks.assert_close(c_mine, gb_per_s(8 * numel, cmed), "achieved_bandwidth_gbs(copy bytes, copy_time.median_ms)", rel=1e-3)
     checks.assert_close(copy_gbs, c_mine, "copy_gbs (from your copy_time)", rel=1e-3)
     checks.assert_close(ew_gbs, e_mine, "ew_gbs (from your ew_time)", rel=1e-3)
     checks.assert_close(ew_tflops, t_mine, "ew_tflops (from your ew_time)", rel=1e-3)
-    spec = _gpu_spec()
+    spec = remeasure.gpu_spec()
     if device == "cuda" and spec:
         for name, v in (("copy_gbs", copy_gbs), ("ew_gbs", ew_gbs)):
             checks.assert_not_above(v, spec.bandwidth_gbs, name, "GB/s", f"the {spec.name} datasheet bandwidth")
@@ -182,7 +144,7 @@ def check_roofline(placements, kernels, classify_bound, tiny_tflops, tiny_time, 
                    peak_tflops, bandwidth_gbs) -> None:
     """The learner's placements are their classify_bound on their measurements, agree with
     the grader's placement of its own re-measurements, and nothing is above the roof."""
-    if _begin("the roofline placements") == RECORD:
+    if _begin("the roofline placements") == checks.RECORD:
         return records.roofline(classify_bound)
     checks.assert_untampered()
     from utils.flops import attainable_tflops, bound
@@ -194,7 +156,7 @@ def check_roofline(placements, kernels, classify_bound, tiny_tflops, tiny_time, 
     checks.assert_close(tiny_flops, ops, "tiny_flops (one add per op)")
     checks.assert_close(tiny_bytes, 8 * ops, "tiny_bytes (each op reads and writes one fp32)")
     tmed = checks.median(tiny_time, "tiny_time")
-    checks.assert_close(tiny_tflops, rate(ops, tmed, 1e12), "tiny_tflops (from your tiny_time)", rel=1e-3)
+    checks.assert_close(tiny_tflops, tflop_per_s(ops, tmed), "tiny_tflops (from your tiny_time)", rel=1e-3)
     peak = checks.assert_positive(peak_tflops, "PEAK_TFLOPS")
     bw = checks.assert_positive(bandwidth_gbs, "BANDWIDTH_GBS")
     for name in placements:
@@ -210,7 +172,7 @@ def check_roofline(placements, kernels, classify_bound, tiny_tflops, tiny_time, 
                                  f"{intensity:.3g} FLOP/B): check its FLOP and byte counts")
 
     def compare():
-        mm, mem, tiny = measure_matmul(sizes.matmul_n, dtype, device), measure_memory(sizes.elementwise_numel, device), measure_tiny(ops, device)
+        mm, mem, tiny = remeasure.matmul(sizes.matmul_n, dtype, device), measure_memory(sizes.elementwise_numel, device), measure_tiny(ops, device)
         rel = checks.band(mm["time"], mem["copy_time"])
         checks.assert_in_band(peak, mm["tflops"], rel, "PEAK_TFLOPS (your measured matmul)", "TFLOP/s")
         checks.assert_in_band(bw, mem["copy_gbs"], rel, "BANDWIDTH_GBS (your measured copy)", "GB/s")
@@ -236,13 +198,7 @@ def _train_step_is_the_given_one(train_step) -> None:
     from utils.flops import count_params, non_embedding_params_from_config
     from utils.models import preset_config
 
-    src = json.loads((HERE / "source" / PHASE / f"{PHASE}.ipynb").read_text())
-    cell = next(c for c in src["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "train_setup")
-    text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-    given = [c for c in compile(text, "<train_setup>", "exec").co_consts if getattr(c, "co_name", "") == "train_step"]
-    fn = getattr(train_step, "__code__", None)
-    if not given or fn is None or not checks._same_code(fn, given[0]):
-        raise AssertionError("train_step is not the one defined in the locked training cell: do not redefine it")
+    checks.assert_given(train_step, PHASE, "train_setup", "train_step")
     sizes = setting()[0]
     model = getattr(train_step, "__globals__", {}).get("model")
     want = non_embedding_params_from_config(preset_config(sizes.model))
@@ -260,20 +216,20 @@ def _step_plausible(tokens_per_s: float, device: str, sizes) -> None:
         fpt = flops_per_token_from_config(preset_config(sizes.model), sizes.seq_len)
     import torch
 
-    spec = _gpu_spec()
+    spec = remeasure.gpu_spec()
     if device == "cuda" and spec:
         peak, what = spec.peak_tflops("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"), f"the {spec.name} fp32 peak"
     else:
         import torch as _t
 
-        peak, what = 2 * measure_matmul(sizes.matmul_n, _t.float32, device)["tflops"], "twice this CPU's measured matmul"
+        peak, what = 2 * remeasure.matmul(sizes.matmul_n, _t.float32, device)["tflops"], "twice this CPU's measured matmul"
     checks.assert_not_above(tokens_per_s * fpt / 1e12, peak, "tokens_per_s x FLOPs per token", "TFLOP/s", what)
 
 
 def check_training(tokens_per_s, train, monitor, train_step, x, y) -> None:
     """Throughput from the learner's Stopwatch, within a band of the grader's timing of the
     given step; the monitor covered the run and reads plausibly."""
-    if _begin("the training run") == RECORD:
+    if _begin("the training run") == checks.RECORD:
         return records.training()
     checks.assert_untampered()
     sizes, device, _ = setting()
@@ -315,7 +271,7 @@ def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_ti
                   small_batch, peak_tflops) -> None:
     """The batch-size experiment and MFU recomputed from the learner's timings, the scaling
     within a band of the grader's, the limiter the rule's answer on those numbers."""
-    if _begin("the batch-size experiment and MFU") == RECORD:
+    if _begin("the batch-size experiment and MFU") == checks.RECORD:
         return records.limiter()
     checks.assert_untampered()
     from utils.flops import flops_per_token_from_config
@@ -330,19 +286,19 @@ def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_ti
         fpt = flops_per_token_from_config(preset_config(sizes.model), sizes.seq_len)
     checks.as_label(limiter, LABELS, "LIMITER")
     full, small = checks.median(full_time, "full_time"), checks.median(small_time, "small_time")
-    r = (batch / full) / (small_batch / small)
+    r = flops.batch_scaling(batch, full, small_batch, small)
     checks.assert_close(batch_scaling, r, "batch_scaling (tokens/s at the full batch over at the small one)", rel=1e-3)
-    checks.assert_close(fixed_share, (r - 1) / (batch / small_batch - 1), "fixed_share", rel=1e-3, abs_tol=1e-9)
-    checks.assert_close(step_tflops, rate(fpt * batch * sizes.seq_len, full, 1e12), "step_tflops", rel=1e-3)
+    checks.assert_close(fixed_share, flops.fixed_share(r, batch, small_batch), "fixed_share", rel=1e-3, abs_tol=1e-9)
+    checks.assert_close(step_tflops, tflop_per_s(fpt * batch * sizes.seq_len, full), "step_tflops", rel=1e-3)
     peak = checks.assert_positive(peak_tflops, "TRAIN_PEAK_TFLOPS")
     checks.assert_close(mfu, step_tflops / peak, "mfu (step_tflops / TRAIN_PEAK_TFLOPS)", rel=1e-3)
-    spec = _gpu_spec()
+    spec = remeasure.gpu_spec()
     if device == "cuda" and spec and spec.fp32_tflops:
         allowed = [p for p in (spec.fp32_tflops, spec.tf32_tflops) if p]
         if not any(abs(peak - p) <= 1e-6 * p for p in allowed):
             raise AssertionError(f"TRAIN_PEAK_TFLOPS = {peak}, not the {spec.name} fp32/tf32 datasheet peak {allowed}")
         checks.assert_not_above(mfu, 1.0, "mfu", "", "100% of the datasheet peak")
-    expected = limiter_rule(fixed_share, mfu)
+    expected = flops.step_bound(fixed_share, mfu)
     if limiter != expected:
         raise AssertionError(f"LIMITER = {limiter!r}, but your numbers (fixed_share {fixed_share:.2f}, mfu {mfu:.2f}) "
                              f"give {expected!r} by the rule in the text")
@@ -350,11 +306,11 @@ def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_ti
     def compare():
         ref_full = checks.timed(train_step, x, y, warmup=1, max_runs=10, budget_s=5.0)
         ref_small = checks.timed(train_step, x[:small_batch], y[:small_batch], warmup=1, max_runs=10, budget_s=5.0)
-        ref_r = (batch / ref_full.median_ms) / (small_batch / ref_small.median_ms)
+        ref_r = flops.batch_scaling(batch, ref_full.median_ms, small_batch, ref_small.median_ms)
         rel = checks.band(ref_full, ref_small, full_time, small_time)
         checks.assert_in_band(batch_scaling, ref_r, rel, "batch_scaling", "x")
         if device != "cuda":  # no datasheet on a CPU: the peak must be a matmul measured here
-            ref_peak = measure_matmul(sizes.matmul_n, setting()[2], device)
+            ref_peak = remeasure.matmul(sizes.matmul_n, setting()[2], device)
             checks.assert_in_band(peak, ref_peak["tflops"], checks.band(ref_peak["time"]), "TRAIN_PEAK_TFLOPS", "TFLOP/s")
         checks.say_versus("batch scaling", ref_r, batch_scaling, "x", rel)
 

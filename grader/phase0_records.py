@@ -3,7 +3,7 @@
 ``save_record`` writes every measured number of ``00_foundations`` with the raw fields it was
 derived from (FLOPs, bytes, times, batch sizes), the machine's fingerprint and the ``utils``
 hash (``utils.record``). On a grading machine without a GPU, the ``*_from_record`` checks
-grade a GPU record instead of re-measuring (DESIGN.md, rule 5): the fingerprint names a
+grade a GPU record instead of re-measuring (docs/grading.md): the fingerprint names a
 card in ``utils.hardware`` and the hash matches this grader's ``utils``; every derived
 number is recomputed from its raw fields; the learner's own functions, applied to the
 recorded inputs, give the recorded outputs; nothing exceeds the card's datasheet.
@@ -18,37 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from grader import checks
+from utils.flops import batch_scaling, fixed_share, step_bound
+from utils.units import gb_per_s, tflop_per_s
 
 PHASE = "00_foundations"
-OVERHEAD_SHARE = 0.5  # overhead-bound when more than half of the full-batch step is fixed cost (notebook, section 5)
-COMPUTE_MFU = 0.4  # course convention, not a measured figure: at 40% of peak or more a step is called compute-bound
-
-
-def record_path(smoke: bool) -> Path:
-    """Beside the notebook: a GPU run's record, or a smoke record that never overwrites it."""
-    return Path(f"{PHASE}.smoke.record.json" if smoke else f"{PHASE}.record.json")
-
-
-def limiter_rule(fixed_share: float, mfu: float) -> str:
-    """What limits a training step, from the batch-size experiment and MFU (notebook, section 5)."""
-    if fixed_share > OVERHEAD_SHARE:
-        return "overhead"
-    return "compute" if mfu >= COMPUTE_MFU else "memory"
-
-
-def rate(amount: float, ms: float, per: float) -> float:
-    """``amount`` per second over ``per`` (1e12: TFLOP/s, 1e9: GB/s) from a time in ms."""
-    return amount / (ms * 1e-3) / per
-
-
-def dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def dtype_bytes(dtype: Any) -> int:
     from utils.memory import bytes_per_dtype
 
-    return int(bytes_per_dtype(dtype_name(dtype)))
+    return int(bytes_per_dtype(checks.dtype_name(dtype)))
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -74,7 +53,7 @@ def save_record(ns: dict, path: str | Path | None = None):
 
     rec = Record.new()
     rec.add("matmul_tflops", g["matmul_tflops"], "TFLOP/s", g["matmul_time"].method, checks.spread(g["matmul_time"]),
-            n=g["n"], dtype=dtype_name(g["MATMUL_DTYPE"]), flops=g["matmul_flops"], bytes=g["matmul_bytes"],
+            n=g["n"], dtype=checks.dtype_name(g["MATMUL_DTYPE"]), flops=g["matmul_flops"], bytes=g["matmul_bytes"],
             placement=pl.get("matmul"), **t(g["matmul_time"]))
     rec.add("copy_gbs", g["copy_gbs"], "GB/s", g["copy_time"].method, checks.spread(g["copy_time"]),
             bytes=2 * g["SIZES"].elementwise_numel * 4, **t(g["copy_time"]))
@@ -96,19 +75,11 @@ def save_record(ns: dict, path: str | Path | None = None):
             batch_size=g["SIZES"].batch_size, small_batch=g["small_batch"], full_median_ms=g["full_time"].median_ms,
             small_median_ms=g["small_time"].median_ms, batch_scaling=g["batch_scaling"], fixed_share=g["fixed_share"],
             limiter=g["LIMITER"])
-    rec.save(Path(path) if path else record_path(smoke_mode()))
+    rec.save(Path(path) if path else checks.record_path(PHASE, smoke_mode()))
     return rec
 
 
 # -- reading --------------------------------------------------------------------------------
-
-def announce(what: str) -> None:
-    checks.announce_from_record(what)
-
-
-def _ok(what: str) -> None:
-    checks.record_ok(what)
-
 
 def _times(rec, name: str) -> float:
     """The recorded median after checking p20 <= median <= p80."""
@@ -128,12 +99,12 @@ def matmul(achieved_tflops) -> None:
     n = int(checks.as_number(n, "record matmul n"))
     checks.assert_close(fl, 2 * n**3, "record matmul flops (2 n^3)")
     checks.assert_close(by, 3 * n * n * dtype_bytes(dtype), "record matmul bytes")
-    checks.assert_close(v, rate(fl, med, 1e12), "record matmul_tflops vs its flops and median_ms", rel=1e-3)
+    checks.assert_close(v, tflop_per_s(fl, med), "record matmul_tflops vs its flops and median_ms", rel=1e-3)
     with checks.quiet():
         checks.assert_close(achieved_tflops(float(fl), med), v, "your achieved_tflops on the recorded matmul", rel=1e-3)
-    checks.assert_not_above(v, spec.peak_tflops(dtype_name(dtype)), "recorded matmul_tflops", "TFLOP/s",
+    checks.assert_not_above(v, spec.peak_tflops(checks.dtype_name(dtype)), "recorded matmul_tflops", "TFLOP/s",
                             f"the {spec.name} {dtype} datasheet peak")
-    _ok(f"matmul {v:.4g} TFLOP/s")
+    checks.record_ok(f"matmul {v:.4g} TFLOP/s")
 
 
 def memory(achieved_bandwidth_gbs, achieved_tflops) -> None:
@@ -142,15 +113,15 @@ def memory(achieved_bandwidth_gbs, achieved_tflops) -> None:
     ev, efl, eby, etf = checks.recorded(rec, "elementwise_gbs", "flops", "bytes", "tflops")
     cmed, emed = _times(rec, "copy_gbs"), _times(rec, "elementwise_gbs")
     checks.assert_close(eby, 8 * efl, "record elementwise bytes (8 per element in fp32)")
-    checks.assert_close(cv, rate(cby, cmed, 1e9), "record copy_gbs vs its bytes and median_ms", rel=1e-3)
-    checks.assert_close(ev, rate(eby, emed, 1e9), "record elementwise_gbs vs its bytes and median_ms", rel=1e-3)
-    checks.assert_close(etf, rate(efl, emed, 1e12), "record elementwise tflops vs its flops and median_ms", rel=1e-3)
+    checks.assert_close(cv, gb_per_s(cby, cmed), "record copy_gbs vs its bytes and median_ms", rel=1e-3)
+    checks.assert_close(ev, gb_per_s(eby, emed), "record elementwise_gbs vs its bytes and median_ms", rel=1e-3)
+    checks.assert_close(etf, tflop_per_s(efl, emed), "record elementwise tflops vs its flops and median_ms", rel=1e-3)
     with checks.quiet():
         checks.assert_close(achieved_bandwidth_gbs(float(cby), cmed), cv, "your achieved_bandwidth_gbs on the recorded copy", rel=1e-3)
         checks.assert_close(achieved_tflops(float(efl), emed), etf, "your achieved_tflops on the recorded x + 1", rel=1e-3)
     for name, v in (("recorded copy_gbs", cv), ("recorded elementwise_gbs", ev)):
         checks.assert_not_above(v, spec.bandwidth_gbs, name, "GB/s", f"the {spec.name} datasheet bandwidth")
-    _ok(f"copy {cv:.4g} GB/s, x + 1 {ev:.4g} GB/s")
+    checks.record_ok(f"copy {cv:.4g} GB/s, x + 1 {ev:.4g} GB/s")
 
 
 def roofline(classify_bound) -> None:
@@ -169,10 +140,10 @@ def roofline(classify_bound) -> None:
             theirs = classify_bound(intensity, achieved, peak, bw)
         if got[3] != expected or theirs != expected:
             raise AssertionError(f"record {kernel}: placed {got[3]!r}, your classify_bound says {theirs!r}, the rule gives {expected!r}")
-        roof = attainable_tflops(intensity, spec.peak_tflops(dtype_name(dtype)) or peak, spec.bandwidth_gbs or bw)
+        roof = attainable_tflops(intensity, spec.peak_tflops(checks.dtype_name(dtype)) or peak, spec.bandwidth_gbs or bw)
         checks.assert_not_above(achieved, roof, f"recorded {kernel}", "TFLOP/s",
                                 f"the {spec.name} datasheet roofline at {intensity:.3g} FLOP/B")
-    _ok("roofline placements")
+    checks.record_ok("roofline placements")
 
 
 def training() -> None:
@@ -184,7 +155,7 @@ def training() -> None:
     checks.assert_utilization([util_max], "recorded utilization")
     card = rec.fingerprint.get("memory_gib") or spec.memory_gb
     checks.assert_memory(mem_max, card, "recorded peak memory")
-    _ok(f"training {tps:,.0f} tokens/s")
+    checks.record_ok(f"training {tps:,.0f} tokens/s")
 
 
 def limiter() -> None:
@@ -199,15 +170,15 @@ def limiter() -> None:
     with checks.quiet():
         fpt_model = flops_per_token_from_config(preset_config(str(model)), int(seq))
     checks.assert_close(fpt, fpt_model, f"recorded flops_per_token vs {model} at sequence length {seq}")
-    r_calc = (bsz / full_ms) / (small / small_ms)
+    r_calc = batch_scaling(bsz, full_ms, small, small_ms)
     checks.assert_close(r, r_calc, "recorded batch_scaling vs its step times", rel=1e-3)
-    checks.assert_close(share, (r_calc - 1) / (bsz / small - 1), "recorded fixed_share", rel=1e-3, abs_tol=1e-9)
-    checks.assert_close(step_tf, rate(fpt * bsz * seq, full_ms, 1e12), "recorded step_tflops", rel=1e-3)
+    checks.assert_close(share, fixed_share(r_calc, bsz, small), "recorded fixed_share", rel=1e-3, abs_tol=1e-9)
+    checks.assert_close(step_tf, tflop_per_s(fpt * bsz * seq, full_ms), "recorded step_tflops", rel=1e-3)
     checks.assert_close(mfu, step_tf / peak, "recorded mfu", rel=1e-3)
     checks.assert_not_above(mfu, 1.0, "recorded mfu", "", "100% of peak")
     peaks = [p for p in (spec.fp32_tflops, spec.tf32_tflops) if p]
     if peaks and not any(math.isclose(peak, p, rel_tol=1e-6) for p in peaks):
         raise AssertionError(f"recorded peak_tflops {peak} is not the {spec.name} fp32 or tf32 datasheet peak ({peaks})")
-    if label != limiter_rule(share, mfu):
+    if label != step_bound(share, mfu):
         raise AssertionError(f"recorded limiter {label!r} does not follow from fixed_share {share:.2f} and mfu {mfu:.2f}")
-    _ok(f"limiter {label!r} (fixed share {share:.2f}, MFU {mfu:.2f})")
+    checks.record_ok(f"limiter {label!r} (fixed share {share:.2f}, MFU {mfu:.2f})")

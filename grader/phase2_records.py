@@ -7,7 +7,7 @@ apply the same ones: the run is the configuration the notebook asked for, every 
 number follows from the per-rank numbers it came from, and nothing is physically
 impossible (per-device throughput above one device's, bus bandwidth above the link, FLOP/s
 above the datasheet). An invented but consistent, plausible record passes: the record proves
-the arithmetic, not the run (as ``grader/phase5_records.py`` says).
+the arithmetic, not the run (docs/grading.md).
 """
 from __future__ import annotations
 
@@ -15,21 +15,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from grader import checks
+from grader import checks  # grader.phase(2) rebinds it to a fresh copy
+from utils.scaling_breaks import CAUSES, NEAR_LINEAR, SCENARIOS  # checked unchanged by grader/phase2.py's untampered()
 
 PHASE = "02_multi_gpu"
-SCENARIOS = ("small_batch", "accum_without_no_sync", "p2p_disabled")
-CAUSES = ("near_linear", "exposed_communication", "other_overhead")
-NEAR_LINEAR = 0.05  # an efficiency loss under 5% has no dominant cause worth naming
 # Per-device throughput at N devices over one device's. DDP at a fixed per-device batch does the
 # same work per device plus the all-reduce, so above 1 is noise at most: 5% on a GPU (clocks);
 # 20% for CPU processes, which share cores and caches with the notebook and the grader.
 EFFICIENCY_CAP = {"gpu": 1.05, "cpu": 1.2}
 REL = 1e-6  # numbers a JSON file carries through: float round trips only
-
-
-def record_path(smoke: bool) -> Path:
-    return Path(f"{PHASE}.smoke.record.json" if smoke else f"{PHASE}.record.json")
 
 
 def reference_cause(efficiency: float, comm_share: float) -> str:
@@ -242,7 +236,7 @@ def save_record(ns: dict, path: str | Path | None = None):
             None, one=slim_run(ns["one"]), many=slim_run(ns["many"]), comm_share=ns["comm_share"], **setting)
     rec.add("exposed_comm_share", ns["comm_share"], "fraction", "1 - t_nosync/t_sync (train_multi_gpu.py --measure-comm)",
             None, breaks={k: slim_run(v) for k, v in ns["BREAKS"].items()}, explanation=ns["EXPLANATION"], **setting)
-    rec.save(Path(path) if path else record_path(smoke_mode()))
+    rec.save(Path(path) if path else checks.record_path(PHASE, smoke_mode()))
     return rec
 
 

@@ -12,63 +12,36 @@ compares goodput and p95 end-to-end latency within a band from the spread of its
 engine choice follows from the measured candidates, is checked on the results' own per-request
 traces (every summary is recomputed from them), live or from the record.
 
-Hidden tests load this file afresh from disk, and it loads ``checks.py`` and
-``phase4_records.py`` afresh the same way (see ``grader/phase0.py``).
+Hidden tests get this module from ``grader.phase(4)``, with fresh copies of ``checks.py`` and
+``phase4_records.py`` (``grader/__init__.py``).
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import random
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from grader import checks  # grader.phase(4) rebinds both to fresh copies: use them at call time only
+from grader import phase4_records as records
 
-
-def _load_fresh(name: str):
-    spec = importlib.util.spec_from_file_location(f"_gpulab_fresh_{name}", HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-checks = _load_fresh("checks")
-records = _load_fresh("phase4_records")
-records.checks = checks  # its functions look the name up at call time
-LIVE, RECORD = checks.LIVE, checks.RECORD
-PHASE = records.PHASE
+PHASE = "04_benchmarking_production"
 EXTRA_MODULES = ("utils.loadgen.client", "utils.loadgen.metrics", "utils.loadgen.workloads", "utils.serve",
                  "utils.engines", "utils.model_dir",  # the starter's command lines and model directory
-                 "utils.exporter")
-HEADROOM, MIN_GOOD_FRACTION, CHOICE_TIE = records.HEADROOM, records.MIN_GOOD_FRACTION, records.CHOICE_TIE
-SLO_KEYS, SLO_MAX_FACTOR, SLO_FLOOR_MS = records.SLO_KEYS, records.SLO_MAX_FACTOR, records.SLO_FLOOR_MS
-METRICS, STATS, ROUNDING_MS = records.METRICS, records.STATS, records.ROUNDING_MS
+                 "utils.exporter", "utils.dcgm_metrics", "utils.nvml_collector", "utils.loadgen.trace",
+                 "utils.operating_point")
+CONSTANT_MODULES = ("utils.operating_point",)  # the capacity and choice rules' thresholds
 RERUNS = 3  # the grader's runs at the operating rate, per comparison
 ATTEMPTS = 2  # a comparison that misses its band is measured again once
 POD_SPEC = {"Pod": ("spec",), "Deployment": ("spec", "template", "spec"), "StatefulSet": ("spec", "template", "spec"),
             "DaemonSet": ("spec", "template", "spec"), "ReplicaSet": ("spec", "template", "spec"),
             "Job": ("spec", "template", "spec"), "CronJob": ("spec", "jobTemplate", "spec", "template", "spec")}
-# re-exported for the notebook
-trace_from_result, records_from_trace, reference_metrics = records.trace_from_result, records.records_from_trace, records.reference_metrics
-step_rate, reference_capacity, reference_choice = records.step_rate, records.reference_capacity, records.reference_choice
-candidate_row, save_record, record_path = records.candidate_row, records.save_record, records.record_path
 
 
 def sizes():
     from utils.env import phase_sizes
 
     return phase_sizes(PHASE)
-
-
-def gpu_used_gib() -> float | None:
-    """Memory in use on the first GPU this process sees (NVML, every process; CUDA_VISIBLE_DEVICES
-    respected); None in smoke mode (the engine runs on the CPU there, whatever NVML sees) or without NVML."""
-    from utils import nvml
-    from utils.env import smoke_mode
-
-    return None if smoke_mode() else nvml.used_gib(0)
 
 
 # -- setting, tampering, reporting ----------------------------------------------------------
@@ -144,15 +117,15 @@ def check_percentile(percentile) -> None:
 
 
 def _same_metrics(got: Any, want: dict, where: str) -> None:
-    if not isinstance(got, dict) or set(got) != set(METRICS):
-        raise AssertionError(f"latency_metrics must return a dict with keys {', '.join(METRICS)}; got "
+    if not isinstance(got, dict) or set(got) != set(records.METRICS):
+        raise AssertionError(f"latency_metrics must return a dict with keys {', '.join(records.METRICS)}; got "
                              f"{sorted(got) if isinstance(got, dict) else type(got).__name__}")
-    for m in METRICS:
+    for m in records.METRICS:
         stats = got[m]
-        if not isinstance(stats, dict) or not set(STATS) <= set(stats):
-            raise AssertionError(f"latency_metrics(...)[{m!r}] must have {', '.join(STATS)}")
-        for s in STATS:
-            checks.assert_close(stats[s], want[m][s], f"{m} {s} ({where})", rel=1e-9, abs_tol=ROUNDING_MS)
+        if not isinstance(stats, dict) or not set(records.STATS) <= set(stats):
+            raise AssertionError(f"latency_metrics(...)[{m!r}] must have {', '.join(records.STATS)}")
+        for s in records.STATS:
+            checks.assert_close(stats[s], want[m][s], f"{m} {s} ({where})", rel=1e-9, abs_tol=records.ROUNDING_MS)
 
 
 def check_metrics(latency_metrics, trace) -> None:
@@ -160,9 +133,9 @@ def check_metrics(latency_metrics, trace) -> None:
     notebook's recorded trace and on traces made here (within the 1e-4 ms loadgen rounds to)."""
     for seed in (1, 2, 3):
         t = random_trace(seed)
-        _same_metrics(checks.call(latency_metrics, t, name="latency_metrics", show_args=False), reference_metrics(t),
+        _same_metrics(checks.call(latency_metrics, t, name="latency_metrics", show_args=False), records.reference_metrics(t),
                       f"made-up trace {seed}")
-    _same_metrics(checks.call(latency_metrics, trace, name="latency_metrics", show_args=False), reference_metrics(trace),
+    _same_metrics(checks.call(latency_metrics, trace, name="latency_metrics", show_args=False), records.reference_metrics(trace),
                   "TRACE")
 
 
@@ -170,7 +143,9 @@ def check_metrics(latency_metrics, trace) -> None:
 
 def check_workload(workload, server, sweep_result) -> None:
     """WORKLOAD is a valid, complete definition for this engine, and the sweep ran exactly it."""
-    if _begin("your workload and the sweep that ran it", remeasured=False) == RECORD:
+    mode = _begin("your workload and the sweep that ran it", remeasured=False)
+    checks.assert_constants_unchanged(CONSTANT_MODULES)
+    if mode == checks.RECORD:
         return records.workload_from_record()
     untampered()
     from utils.loadgen import Workload
@@ -186,7 +161,7 @@ def check_workload(workload, server, sweep_result) -> None:
                                  "start from server.workload_fields()")
     records.sweep_ran(sweep_result, desc, sizes().sweep_points)
     checks.say(f"  SLOs {desc['slo_ms']} ms; synchronous p50: " + ", ".join(
-        f"{k} {records.run_stat(sweep_result['runs'][0], k, 'p50'):.4g}" for k in SLO_KEYS))
+        f"{k} {records.run_stat(sweep_result['runs'][0], k, 'p50'):.4g}" for k in records.SLO_KEYS))
 
 
 # -- 3. capacity under the SLO ------------------------------------------------------------------
@@ -221,18 +196,19 @@ def random_sweeps(seed: int, n: int = 12) -> list[dict]:
 def check_capacity(capacity_rate, sweep_result, capacity, operating_rate) -> None:
     """capacity_rate follows the rule exactly (the learner's sweep and made-up ones), and
     CAPACITY and OPERATING_RATE are what it gives on the sweep."""
+    checks.assert_constants_unchanged(CONSTANT_MODULES)
     for i, sw in enumerate(random_sweeps(7)):
-        for frac in (MIN_GOOD_FRACTION, 0.5):
+        for frac in (records.MIN_GOOD_FRACTION, 0.5):
             got = checks.call(capacity_rate, sw, frac, name="capacity_rate", show_args=False)
-            checks.assert_close(got, reference_capacity(sw, frac), f"capacity_rate(made-up sweep {i}, {frac})",
+            checks.assert_close(got, records.reference_capacity(sw, frac), f"capacity_rate(made-up sweep {i}, {frac})",
                                 rel=1e-12)
-    want = reference_capacity(sweep_result, MIN_GOOD_FRACTION)
-    checks.assert_close(checks.call(capacity_rate, sweep_result, MIN_GOOD_FRACTION, name="capacity_rate", show_args=False), want,
+    want = records.reference_capacity(sweep_result, records.MIN_GOOD_FRACTION)
+    checks.assert_close(checks.call(capacity_rate, sweep_result, records.MIN_GOOD_FRACTION, name="capacity_rate", show_args=False), want,
                         "capacity_rate(sweep_result)", rel=1e-12)
     checks.assert_close(capacity, want, "CAPACITY", rel=1e-12)
-    checks.assert_close(operating_rate, HEADROOM * want, f"OPERATING_RATE ({HEADROOM} x CAPACITY)", rel=1e-12)
-    checks.say(f"  capacity {want:.4g} req/s at >= {MIN_GOOD_FRACTION:.0%} of requests within the SLOs; "
-               f"operating rate {HEADROOM * want:.4g} req/s")
+    checks.assert_close(operating_rate, records.HEADROOM * want, f"OPERATING_RATE ({records.HEADROOM} x CAPACITY)", rel=1e-12)
+    checks.say(f"  capacity {want:.4g} req/s at >= {records.MIN_GOOD_FRACTION:.0%} of requests within the SLOs; "
+               f"operating rate {records.HEADROOM * want:.4g} req/s")
 
 
 # -- 4. goodput and p95 at the operating rate, re-measured --------------------------------------
@@ -258,7 +234,9 @@ def measure_operating(workload, operating_rate: float, runs: int = RERUNS) -> li
 def check_goodput(server, workload, operating_rate, operating, goodput_rps, p95_e2el_ms) -> None:
     """The learner's goodput and p95 E2E latency at OPERATING_RATE follow from their run, and
     agree with the grader's own runs of the same load against the same engine."""
-    if _begin("goodput and p95 E2E latency at your operating rate") == RECORD:
+    mode = _begin("goodput and p95 E2E latency at your operating rate")
+    checks.assert_constants_unchanged(CONSTANT_MODULES)
+    if mode == checks.RECORD:
         return records.goodput_from_record()
     untampered()
     _engine_ok(server)
@@ -295,7 +273,9 @@ def check_goodput(server, workload, operating_rate, operating, goodput_rps, p95_
 
 def check_choice(choice, candidates, operating_rate, workload) -> None:
     """CHOICE is the configuration the rule picks from the measured candidates, with their numbers."""
-    if _begin("the configuration you chose from the measured candidates", remeasured=False) == RECORD:
+    mode = _begin("the configuration you chose from the measured candidates", remeasured=False)
+    checks.assert_constants_unchanged(CONSTANT_MODULES)
+    if mode == checks.RECORD:
         return records.choice_from_record()
     untampered()
     desc = records.workload_desc(workload)
@@ -303,7 +283,7 @@ def check_choice(choice, candidates, operating_rate, workload) -> None:
         raise AssertionError("candidates must map each configuration's name to its loadgen result")
     for name, run in candidates.items():
         records.operating_run_ok(run, desc, operating_rate, what=f"candidates[{name!r}]", same_server=False)
-    records.choice_ok(choice, {n: candidate_row(r) for n, r in candidates.items()})
+    records.choice_ok(choice, {n: records.candidate_row(r) for n, r in candidates.items()})
 
 
 # -- 6. production: scraping, manifests ---------------------------------------------------------
@@ -335,7 +315,8 @@ def check_scrape(scrape) -> None:
     registry with labelled gauges and a counter) equals prometheus_client's parse of it."""
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
-    from utils.exporter import MetricsServer, render
+    from utils.dcgm_metrics import render
+    from utils.exporter import MetricsServer
 
     reg = CollectorRegistry()
     fb = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", ["gpu", "UUID", "modelName"], registry=reg)

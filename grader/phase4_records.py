@@ -6,9 +6,7 @@ ones: a result is the workload it claims (every field that defines the load), it
 follows from its own per-request trace (recomputed with ``utils.loadgen.summarize``), and its
 latencies are physically possible (no token faster than reading the weights once at the
 datasheet bandwidth). An invented but consistent, plausible record passes: the record proves
-the arithmetic, not the run (as ``grader/phase5_records.py`` says).
-
-Loaded afresh by ``grader/phase4.py``, which sets :data:`checks` to its fresh copy.
+the arithmetic, not the run (docs/grading.md).
 """
 from __future__ import annotations
 
@@ -17,18 +15,21 @@ import math
 from pathlib import Path
 from typing import Any
 
-checks: Any = None  # set by grader/phase4.py (a fresh copy of grader/checks.py)
+from grader import checks  # grader.phase(4) rebinds it to a fresh copy
+from utils.loadgen.trace import records_from_trace
+from utils.operating_point import (  # checked unchanged by grader/phase4.py
+    CHOICE_TIE,
+    HEADROOM,  # noqa: F401  (the grader's rule for OPERATING_RATE, read as records.HEADROOM)
+    MIN_GOOD_FRACTION,
+    SLO_FLOOR_MS,
+    candidate_row,
+    step_rate,
+)
+from utils.units import transfer_ms
 
 PHASE = "04_benchmarking_production"
-HEADROOM = 0.7  # operate at 70% of the measured capacity: room for bursts of a Poisson arrival process
-MIN_GOOD_FRACTION = 0.9  # a load step "meets the SLO" when 90% of its requests meet every SLO
-CHOICE_TIE = 0.1  # goodputs within 10% of the best count as a tie, broken by p95 E2E latency
 SLO_KEYS = ("ttft", "tpot", "e2el")
-SLO_MAX_FACTOR = 20.0  # an SLO above 20x the unloaded p50 says nothing about the engine
-# A synchronous p50 under 1 ms counts as 1 ms: an engine that falls behind its stream sends a
-# request's tokens in one chunk (seen with vLLM's CPU build on two shared cores), and the
-# client's TPOT then reads 0, from which no positive SLO could be 20x or less.
-SLO_FLOOR_MS = 1.0
+SLO_MAX_FACTOR = 20.0  # an SLO above 20x the unloaded p50 says nothing about the engine (floor: SLO_FLOOR_MS)
 METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 STATS = ("mean", "p50", "p90", "p95", "p99")
 ROUNDING_MS = 1e-4  # utils.loadgen rounds milliseconds to 4 decimals
@@ -39,47 +40,7 @@ MATCH_KEYS = ("base_url", "model", "endpoint", "num_requests", "input_len", "out
               "stream", "dataset", "tokenizer", "seed", "slo_ms", "fixed_output", "max_duration_s")
 
 
-def record_path(smoke: bool) -> Path:
-    return Path(f"{PHASE}.smoke.record.json" if smoke else f"{PHASE}.record.json")
-
-
 # -- traces and metrics ------------------------------------------------------------------------
-
-def trace_from_result(result: dict) -> list[dict]:
-    """A loadgen run's per-request records as raw events: when each request was sent, when
-    each chunk carrying text arrived, when the last data event arrived, the output tokens the
-    server reported, and whether it completed (seconds since the run started)."""
-    out = []
-    for r in result["requests"]:
-        if r.get("sent_s") is None:
-            continue
-        if r["ok"]:
-            chunks = [r["sent_s"] + r["ttft_s"]]
-            for gap in r["itl_s"]:
-                chunks.append(chunks[-1] + gap)
-            end = r["sent_s"] + r["e2el_s"]
-        else:
-            chunks, end = [], r["done_s"] if r.get("done_s") is not None else r["sent_s"]
-        out.append({"sent_s": r["sent_s"], "chunks_s": [round(c, 6) for c in chunks], "end_s": round(end, 6),
-                    "output_tokens": r["output_tokens"] if r["ok"] else 0, "ok": bool(r["ok"])})
-    return out
-
-
-def records_from_trace(trace: list[dict]) -> list:
-    """The trace as ``utils.loadgen.RequestRecord`` s, the way the client fills them."""
-    from utils.loadgen import RequestRecord
-
-    recs = []
-    for i, t in enumerate(trace):
-        c = t["chunks_s"]
-        ok = bool(t["ok"]) and bool(c)
-        recs.append(RequestRecord(
-            i, scheduled_s=t["sent_s"], sent_s=t["sent_s"], done_s=t["end_s"],
-            ttft_s=c[0] - t["sent_s"] if ok else None, e2el_s=t["end_s"] - t["sent_s"] if ok else None,
-            itl_s=[b - a for a, b in zip(c, c[1:], strict=False)] if ok else [], output_tokens=t["output_tokens"] if ok else 0,
-            ok=ok, reason="" if ok else "http_500"))
-    return recs
-
 
 def reference_metrics(trace: list[dict]) -> dict:
     """TTFT, TPOT, ITL and E2EL statistics of a trace, by ``utils.loadgen.summarize``."""
@@ -216,14 +177,6 @@ def slo_bounds(p50_ms: float) -> tuple[float, float]:
 
 # -- capacity, operating point, choice --------------------------------------------------------
 
-def step_rate(run: dict) -> float:
-    """The offered rate of a sweep step: its request rate, or for the synchronous and
-    throughput steps (rate inf) the rate they achieved."""
-    r = run["workload"]["request_rate"]
-    if r in ("inf", None) or (isinstance(r, float) and math.isinf(r)):
-        return float(run["request_throughput"])
-    return float(r)
-
 
 def reference_capacity(sweep: dict, min_good_fraction: float = MIN_GOOD_FRACTION) -> float:
     """The highest offered rate among the steps that completed every request with at least
@@ -248,14 +201,6 @@ def operating_run_ok(run: Any, desc: dict, rate: float, what: str = "operating",
         raise AssertionError(f"{what} ran at request_rate {got}, not OPERATING_RATE ({rate:.6g} req/s)")
     if run["workload"].get("concurrency") is not None:
         raise AssertionError(f"{what} capped concurrency; run WORKLOAD at OPERATING_RATE as it is")
-
-
-def candidate_row(run: dict) -> dict:
-    """What the choice rule reads from a candidate's result."""
-    g = run.get("goodput") or {}
-    return {"goodput_rps": float(g.get("request_goodput") or 0.0), "p95_e2el_ms": run["e2el_ms"]["p95"],
-            "p95_ttft_ms": run["ttft_ms"]["p95"], "fraction_good": g.get("fraction_of_completed"),
-            "completed": run["completed"], "num_requests": run["workload"]["num_requests"]}
 
 
 def reference_choice(rows: dict) -> str:
@@ -322,7 +267,7 @@ def save_record(ns: dict, path: str | Path | None = None):
     rec.add("choice_goodput_rps", g["CHOICE"]["goodput_rps"], "req/s", "utils.loadgen.run per candidate", None,
             choice=dict(g["CHOICE"]), rate=g["OPERATING_RATE"],
             candidates={n: compact(r) for n, r in g["candidates"].items()})
-    rec.save(Path(path) if path else record_path(smoke_mode()))
+    rec.save(Path(path) if path else checks.record_path(PHASE, smoke_mode()))
     return rec
 
 
@@ -332,7 +277,7 @@ def _tpot_plausible(run: dict, weight_bytes: Any, spec, what: str) -> None:
     """Every decode step reads all the weights: no request's TPOT beats weight bytes over the
     datasheet bandwidth (batched requests share a step, they do not shorten it)."""
     wb = checks.assert_positive(weight_bytes, "record weight_bytes")
-    floor_ms = wb / (spec.bandwidth_gbs * 1e9) * 1e3
+    floor_ms = transfer_ms(wb, spec.bandwidth_gbs)
     fastest = run["tpot_ms"]["min"] if run["tpot_ms"].get("min") is not None else run["tpot_ms"]["p50"]
     if fastest is not None and fastest * checks.DATASHEET_SLACK < floor_ms:
         raise AssertionError(f"{what}: a TPOT of {fastest:.4g} ms reads {wb / 1e9:.3g} GB of weights at "

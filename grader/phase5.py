@@ -12,13 +12,11 @@ learner's RNG functions, killed after a step the grader picks) and the recompila
 
 Sizes, device and dtype come from ``utils.env`` here, not from the notebook's variables; the
 functions the notebook times (``train_step``, ``generate_tokens``) are checked against the
-locked cell that defines them. Hidden tests load this file afresh from disk, and it loads
-``checks.py`` and ``phase5_records.py`` afresh the same way, as phase 0 does.
+locked cell that defines them. Hidden tests get this module from ``grader.phase(5)``, with
+fresh copies of ``checks.py``, ``phase5_records.py`` and ``remeasure.py`` (``grader/__init__.py``).
 """
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
 import random
 import shutil
@@ -26,59 +24,30 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+# grader.phase(5) rebinds these to fresh copies: use them at call time only
+from grader import checks, remeasure
+from grader import phase5_records as records
+from utils.inference import estimate_tpot_ms
+from utils.units import gb_per_s, tflop_per_s
 
-
-def _load_fresh(name: str):
-    """``grader/<name>.py`` executed anew under a private name (never the imported module)."""
-    spec = importlib.util.spec_from_file_location(f"_gpulab_fresh_{name}", HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-checks = _load_fresh("checks")
-records = _load_fresh("phase5_records")
-records.checks = checks  # its functions look the name up at call time
-LIVE, RECORD = checks.LIVE, checks.RECORD
-PHASE = records.PHASE
-EXTRA_MODULES = ("utils.cost", "utils.checkpoint", "utils.xla", "utils.topology")  # phase 5's own, beside checks' list
+PHASE = "05_hardware_and_cost"
+EXTRA_MODULES = ("utils.cost", "utils.checkpoint", "utils.checkpointed_run", "utils.kill_harness", "utils.xla",
+                 "utils.topology")  # phase 5's own, beside checks' list
 CPU_TFLOPS_CAP = 50.0  # estimate: no CPU socket comes near 50 fp32 TFLOP/s
 ATTEMPTS = 3  # a reference that misses the band is measured again
 REL = 1e-9  # pure arithmetic: the same formula gives the same float, up to operation order
-rate, save_record, record_path = records.rate, records.save_record, records.record_path
-priced_gpus, device_price, slo_and_demand = records.priced_gpus, records.device_price, records.slo_and_demand
-reference_candidates, estimate_tpot_ms = records.reference_candidates, records.estimate_tpot_ms
 
 
 # -- setting, tampering, reporting ------------------------------------------------------------
 
 def setting() -> tuple[Any, str, Any]:
     """``(sizes, device, matmul dtype)`` as the notebook's setup cells choose them."""
-    import torch
-
-    from utils.env import phase_sizes, smoke_mode
-
-    if smoke_mode():
-        return phase_sizes(PHASE), "cpu", torch.float32
-    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
-    return phase_sizes(PHASE), "cuda", dtype
+    return remeasure.setting(PHASE)
 
 
 def untampered() -> None:
     """:func:`checks.assert_untampered` plus phase 5's modules (cost, checkpoint, xla, topology)."""
     checks.assert_untampered(EXTRA_MODULES)
-
-
-def _given(fn, grade_id: str, name: str) -> None:
-    """``fn`` must run the code of the locked cell ``grade_id`` that defines ``name``."""
-    src = json.loads((HERE / "source" / PHASE / f"{PHASE}.ipynb").read_text())
-    cell = next(c for c in src["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
-    text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-    given = [c for c in compile(text, f"<{grade_id}>", "exec").co_consts if getattr(c, "co_name", "") == name]
-    code = getattr(fn, "__code__", None)
-    if not given or code is None or not checks._same_code(code, given[0]):
-        raise AssertionError(f"{name} is not the one defined in the locked cell: do not redefine it")
 
 
 # -- 1. the roofline across the spec table ----------------------------------------------------
@@ -104,57 +73,37 @@ def check_speedup(attainable_speedup) -> None:
                                         f"attainable_speedup({i}, {a.name}, {b.name}, {dtype!r})", rel=REL)
 
 
-def measure_matmul(n: int, dtype, device) -> dict:
-    import torch
-
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    t = checks.timed(lambda: a @ b)
-    return {"time": t, "tflops": rate(2 * n**3, t.median_ms, 1e12)}
-
-
 def measure_copy(numel: int, device) -> dict:
     import torch
 
     x = torch.randn(numel, device=device)
     out = torch.empty_like(x)
     t = checks.timed(lambda: out.copy_(x))
-    return {"time": t, "gbs": rate(8 * numel, t.median_ms, 1e9)}
-
-
-def _gpu_spec():
-    """The GPU's spec row as the notebook sees it: None in smoke mode (GPULAB_SMOKE=1 included)."""
-    from utils.env import smoke_mode
-    from utils.hardware import current_spec
-
-    if smoke_mode():
-        return None
-    spec = current_spec()
-    return spec if spec.kind == "gpu" else None
+    return {"time": t, "gbs": gb_per_s(8 * numel, t.median_ms)}
 
 
 def check_points(matmul_tflops, matmul_time, copy_gbs, copy_time) -> None:
     """The matmul and copy rates follow from their timings, sit below the datasheet, and
     agree with the grader's re-measurement."""
-    if checks.begin("your roofline points (matmul, copy)") == RECORD:
+    if checks.begin("your roofline points (matmul, copy)") == checks.RECORD:
         return records.points()
     untampered()
     sizes, device, dtype = setting()
     n, numel = sizes.matmul_n, sizes.copy_numel
-    checks.assert_close(matmul_tflops, rate(2 * n**3, checks.median(matmul_time, "matmul_time"), 1e12),
+    checks.assert_close(matmul_tflops, tflop_per_s(2 * n**3, checks.median(matmul_time, "matmul_time")),
                         "matmul_tflops (2 n^3 FLOPs over matmul_time.median_ms)", rel=1e-3)
-    checks.assert_close(copy_gbs, rate(8 * numel, checks.median(copy_time, "copy_time"), 1e9),
+    checks.assert_close(copy_gbs, gb_per_s(8 * numel, checks.median(copy_time, "copy_time")),
                         "copy_gbs (read and write 4 bytes per element over copy_time.median_ms)", rel=1e-3)
-    spec = _gpu_spec()
+    spec = remeasure.gpu_spec()
     if device == "cuda" and spec:
-        checks.assert_not_above(matmul_tflops, spec.peak_tflops(records.dtype_name(dtype)), "matmul_tflops",
+        checks.assert_not_above(matmul_tflops, spec.peak_tflops(checks.dtype_name(dtype)), "matmul_tflops",
                                 "TFLOP/s", f"the {spec.name} datasheet peak")
         checks.assert_not_above(copy_gbs, spec.bandwidth_gbs, "copy_gbs", "GB/s", f"the {spec.name} datasheet bandwidth")
     else:
         checks.assert_not_above(matmul_tflops, CPU_TFLOPS_CAP, "matmul_tflops", "TFLOP/s", "what any CPU can do (an estimate)")
 
     def compare():
-        mm, cp = measure_matmul(n, dtype, device), measure_copy(numel, device)
+        mm, cp = remeasure.matmul(n, dtype, device), measure_copy(numel, device)
         rel_mm = checks.band(mm["time"], matmul_time)
         rel_cp = checks.band(cp["time"], copy_time)
         checks.assert_in_band(matmul_tflops, mm["tflops"], rel_mm, "matmul_tflops", "TFLOP/s")
@@ -187,7 +136,7 @@ def _decode_model_ok(generate_tokens, sizes) -> float:
     from utils.flops import count_params, non_embedding_params_from_config
     from utils.models import preset_config
 
-    _given(generate_tokens, "throughput_setup", "generate_tokens")
+    checks.assert_given(generate_tokens, PHASE, "throughput_setup", "generate_tokens")
     g = getattr(generate_tokens, "__globals__", {})
     model, prompt = g.get("decode_model"), g.get("PROMPT")
     want = non_embedding_params_from_config(preset_config(sizes.model))
@@ -222,11 +171,11 @@ def check_measured_costs(samples_per_s, train, decode, usd_per_sample, usd_per_m
     """Throughputs from the learner's timings, re-measured; costs from their functions."""
     from utils import cost
 
-    if checks.begin("training samples/s, decode tokens/s and what they cost") == RECORD:
+    if checks.begin("training samples/s, decode tokens/s and what they cost") == checks.RECORD:
         return records.costs(cost_per_sample_usd, cost_per_million_tokens_usd)
     untampered()
     sizes, device, _ = setting()
-    _given(train_step, "throughput_setup", "train_step")
+    checks.assert_given(train_step, PHASE, "throughput_setup", "train_step")
     weights = _decode_model_ok(generate_tokens, sizes)
     if tuple(x.shape) != (sizes.train_batch, sizes.seq_len):
         raise AssertionError(f"the batch has shape {tuple(x.shape)}, expected {(sizes.train_batch, sizes.seq_len)}")
@@ -236,13 +185,13 @@ def check_measured_costs(samples_per_s, train, decode, usd_per_sample, usd_per_m
     checks.assert_close(sps, checks.as_number(train["tokens_per_s"], "train['tokens_per_s']") / sizes.seq_len,
                         "samples_per_s (train['tokens_per_s'] / seq_len)", rel=1e-6)
     _check_decode_dict(decode, sizes)
-    price = device_price(_gpu_spec())[1]
+    price = records.device_price(remeasure.gpu_spec())[1]
     checks.assert_close(price_usd_per_hour, price, "PRICE_USD_PER_HOUR (the table's price for your GPU)", rel=REL)
     best = max(sizes.decode_batches)
     checks.assert_close(usd_per_sample, cost.cost_per_sample_usd(sps, price), "usd_per_sample", rel=1e-6)
     checks.assert_close(usd_per_million_tokens, cost.cost_per_million_tokens_usd(decode[best]["tokens_per_s"], price),
                         f"usd_per_million_tokens (at batch {best})", rel=1e-6)
-    spec = _gpu_spec()
+    spec = remeasure.gpu_spec()
     if device == "cuda" and spec:
         for b, d in decode.items():
             gbs = d["tokens_per_s"] / b * weights / 1e9
@@ -297,12 +246,12 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
             for mine, other in ((320.0, 4800.0), (4800.0, 300.0), (8.0, 2039.0)):
                 checks.assert_close(checks.call(estimate_fn, meas, nbytes, mine, other, name="estimate_tpot_ms"),
                                     estimate_tpot_ms(meas, nbytes, mine, other),
-                                    f"estimate_tpot_ms({meas}, {nbytes:g}, {mine}, {other})", rel=REL)
-    if mode == RECORD:
+                                    f"utils.inference.estimate_tpot_ms({meas}, {nbytes:g}, {mine}, {other})", rel=REL)
+    if mode == checks.RECORD:
         return records.right_sizing()
     untampered()
     sizes, device, _ = setting()
-    spec = _gpu_spec()
+    spec = remeasure.gpu_spec()
     weights = _decode_model_ok(generate_tokens, sizes)
     _check_decode_dict(decode, sizes)
     want_bw = records.my_bandwidth_gbs(spec, checks.as_number(copy_gbs, "copy_gbs"))
@@ -310,10 +259,10 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
                         "else your copy_gbs)", rel=REL)
     checks.assert_close(bytes_per_step, weights, "BYTES_PER_STEP (the decode model's weight bytes)", rel=REL)
     tpots = {b: d["tpot_ms"] for b, d in decode.items()}
-    want_slo, want_demand = slo_and_demand(tpots, {b: d["tokens_per_s"] for b, d in decode.items()})
+    want_slo, want_demand = records.slo_and_demand(tpots, {b: d["tokens_per_s"] for b, d in decode.items()})
     checks.assert_close(slo_ms, want_slo, "TPOT_SLO_MS", rel=REL)
     checks.assert_close(demand_per_s, want_demand, "DEMAND_TOKENS_PER_S", rel=REL)
-    expected = reference_candidates(tpots, want_bw, weights, spec)
+    expected = records.reference_candidates(tpots, want_bw, weights, spec)
     records.same_candidates(candidates, expected)
     records.same_answer(answer, expected, want_slo, want_demand)
 
@@ -337,7 +286,7 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
 # -- 4. fault tolerance -----------------------------------------------------------------------
 
 def run_config(sizes, device: str):
-    from utils.checkpoint import RunConfig
+    from utils.checkpointed_run import RunConfig
 
     return RunConfig(steps=sizes.ckpt_steps, checkpoint_every=sizes.ckpt_every, preset=sizes.ckpt_model,
                      batch_size=sizes.ckpt_batch, seq_len=sizes.ckpt_seq_len, device=device)
@@ -375,23 +324,23 @@ def check_resume(capture_rng_state, restore_rng_state) -> None:
     """Always live (a CPU reproduces it exactly): the learner's RNG functions round-trip every
     generator, and a fresh run with them, SIGKILLed after a step the grader picks and resumed,
     ends bit-identical to an uninterrupted run."""
-    from utils import checkpoint
+    from utils import checkpointed_run, kill_harness
 
     sizes, device, _ = setting()
     k = grader_kill_step(sizes)
-    checks.say(f"{LIVE} on {'the GPU' if device == 'cuda' else 'the CPU'}: a kill-and-resume run with your RNG "
+    checks.say(f"{checks.LIVE} on {'the GPU' if device == 'cuda' else 'the CPU'}: a kill-and-resume run with your RNG "
                f"functions, killed after step {k} of {sizes.ckpt_steps}")
     untampered()
     _rng_round_trip(capture_rng_state, restore_rng_state)
     work = Path(tempfile.mkdtemp(prefix="gpulab-resume-"))
     try:
         with checks.quiet():
-            hooks = checkpoint.write_hooks(work / "hooks.py", capture_rng_state, restore_rng_state)
+            hooks = checkpointed_run.write_hooks(work / "hooks.py", capture_rng_state, restore_rng_state)
     except ValueError as exc:
         raise AssertionError(str(exc)) from None
     try:
         with checks.quiet():
-            res = checkpoint.kill_and_resume(work / "run", run_config(sizes, device), k, hooks_file=hooks, timeout_s=540)
+            res = kill_harness.kill_and_resume(work / "run", run_config(sizes, device), k, hooks_file=hooks, timeout_s=540)
     except RuntimeError as exc:  # a training process that failed: say why, in one line
         raise AssertionError(f"the kill-and-resume run failed: {exc}") from None
     finally:
@@ -408,18 +357,18 @@ def check_resume(capture_rng_state, restore_rng_state) -> None:
 def check_checkpoint_overhead(checkpoint_overhead_pct, overhead, sync_overhead_pct, async_overhead_pct) -> None:
     """The percentage function exact; the learner's percentages from their measurement; the
     step and save times within a band of the grader's own measurement."""
-    from utils import checkpoint
+    from utils import checkpointed_run
 
     mode = checks.begin("checkpoint time and overhead")
     for save, step, every in ((10.0, 5.0, 4), (1500.0, 300.0, 100), (0.5, 20.0, 1)):
         checks.assert_close(checks.call(checkpoint_overhead_pct, save, step, every, name="checkpoint_overhead_pct"),
                             100 * save / (every * step), f"checkpoint_overhead_pct({save}, {step}, {every})", rel=REL)
-    if mode == RECORD:
+    if mode == checks.RECORD:
         return records.checkpoint_overhead()
     untampered()
     sizes, device, _ = setting()
     if not isinstance(overhead, dict) or not {"step", "sync_save", "async_blocking"} <= set(overhead):
-        raise AssertionError("overhead must be the dict from checkpoint.measure_checkpoint_overhead")
+        raise AssertionError("overhead must be the dict from checkpointed_run.measure_checkpoint_overhead")
     step = checks.median(overhead["step"], "overhead['step']")
     sync, blocking = checks.median(overhead["sync_save"], "overhead['sync_save']"), checks.median(overhead["async_blocking"], "overhead['async_blocking']")
     checks.assert_close(sync_overhead_pct, 100 * sync / (sizes.ckpt_every * step), "sync_overhead_pct", rel=1e-6)
@@ -429,7 +378,7 @@ def check_checkpoint_overhead(checkpoint_overhead_pct, overhead, sync_overhead_p
         work = Path(tempfile.mkdtemp(prefix="gpulab-ckpt-"))
         try:
             with checks.quiet():
-                ref = checkpoint.measure_checkpoint_overhead(run_config(sizes, device), work, steps=4, repeats=2)
+                ref = checkpointed_run.measure_checkpoint_overhead(run_config(sizes, device), work, steps=4, repeats=2)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         rel_step = checks.band(ref["step"], overhead["step"])
@@ -484,7 +433,7 @@ def check_recompiles(bucket_length, compiles_unpadded, compiles_bucketed, compil
     if not xla.available():
         raise AssertionError(f"JAX is not installed here: {xla.INSTALL_HINT}")
     sizes, _, _ = setting()
-    checks.say(f"{LIVE} on JAX's {xla.backend()['backend']} backend: compilations counted again by the grader")
+    checks.say(f"{checks.LIVE} on JAX's {xla.backend()['backend']} backend: compilations counted again by the grader")
     untampered()
     xs, w, buckets = xla_inputs(sizes)
     for n in range(0, max(buckets) + 1):
@@ -526,17 +475,11 @@ def check_recompiles(bucket_length, compiles_unpadded, compiles_bucketed, compil
 def _ring(codes: list[str]) -> str:
     """A topo -m matrix of len(codes)+1 GPUs: pair (i, i+1) gets codes[i], other pairs NV12."""
     n = len(codes) + 1
+
+    def link(i: int, j: int) -> str:
+        return " X " if i == j else (codes[min(i, j)] if abs(i - j) == 1 else "NV12")
     rows = ["\t" + "\t".join(f"GPU{i}" for i in range(n)) + "\tCPU Affinity\tNUMA Affinity"]
-    for i in range(n):
-        cells = []
-        for j in range(n):
-            if i == j:
-                cells.append(" X ")
-            elif abs(i - j) == 1:
-                cells.append(codes[min(i, j)])
-            else:
-                cells.append("NV12")
-        rows.append(f"GPU{i}\t" + "\t".join(cells) + "\t0-15\t0")
+    rows += [f"GPU{i}\t" + "\t".join(link(i, j) for j in range(n)) + "\t0-15\t0" for i in range(n)]
     return "\n".join(rows) + "\n"
 
 

@@ -5,7 +5,7 @@ live and the record checks use, and grading from the record.
 it came from (medians, batch sizes, prices, the right-sizing candidates), the machine's
 fingerprint and the ``utils`` hash. On a grading machine without a GPU the ``points``,
 ``costs``, ``right_sizing`` and ``checkpoint_overhead`` checks grade a GPU record instead
-of re-measuring (DESIGN.md, rule 5): fingerprint and hash, every derived number recomputed
+of re-measuring (docs/grading.md): fingerprint and hash, every derived number recomputed
 from its raw fields, the learner's functions applied to the recorded inputs, nothing above
 the card's datasheet. An invented but consistent, plausible record passes: the record
 proves the arithmetic, not the run.
@@ -17,24 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from grader import checks
+from utils.inference import estimate_tpot_ms
+from utils.units import gb_per_s, tflop_per_s
 
 PHASE = "05_hardware_and_cost"
 SLO_FACTOR = 1.25  # the latency SLO: 1.25 x your TPOT at the middle batch size (notebook, section 3)
 DEMAND_FACTOR = 10  # the demand: 10 x your tokens/s at the largest batch size
 FALLBACK_GPU = "T4"  # a device without a price row is priced as a T4 hour (a label, not a measurement)
-
-
-def record_path(smoke: bool) -> Path:
-    """Beside the notebook: a GPU run's record, or a smoke record that never overwrites it."""
-    return Path(f"{PHASE}.smoke.record.json" if smoke else f"{PHASE}.record.json")
-
-
-def rate(amount: float, ms: float, per: float) -> float:
-    return amount / (ms * 1e-3) / per
-
-
-def dtype_name(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 # -- reference arithmetic ---------------------------------------------------------------------
@@ -62,15 +51,6 @@ def my_bandwidth_gbs(spec, copy_gbs: float) -> float:
     return float(spec.bandwidth_gbs) if spec is not None and spec.bandwidth_gbs else float(copy_gbs)
 
 
-def estimate_tpot_ms(measured_tpot_ms: float, bytes_per_step: float, my_bandwidth_gbs: float,
-                     other_bandwidth_gbs: float) -> float:
-    """Two-term model of a decode step: a fixed part (launches, Python, the host) that a
-    faster card does not shorten, plus reading ``bytes_per_step`` at the card's bandwidth."""
-    memory_mine = bytes_per_step / (my_bandwidth_gbs * 1e9) * 1e3
-    fixed = max(measured_tpot_ms - memory_mine, 0.0)
-    return fixed + bytes_per_step / (other_bandwidth_gbs * 1e9) * 1e3
-
-
 def slo_and_demand(tpot_ms: dict, tokens_per_s: dict) -> tuple[float, float]:
     """The notebook's SLO and demand, from the learner's own decode numbers (3 significant digits)."""
     batches = sorted(tpot_ms)
@@ -79,7 +59,7 @@ def slo_and_demand(tpot_ms: dict, tokens_per_s: dict) -> tuple[float, float]:
 
 
 def reference_candidates(tpot_ms: dict, my_bw: float, bytes_per_step: float, my_spec) -> list:
-    """Every priced card at every measured batch size: TPOT from :func:`estimate_tpot_ms`,
+    """Every priced card at every measured batch size: TPOT from :func:`utils.inference.estimate_tpot_ms`,
     throughput ``batch / TPOT`` per GPU, "measured" for your own card."""
     from utils.cost import Candidate
 
@@ -163,7 +143,7 @@ def save_record(ns: dict, path: str | Path | None = None):
     g, s = ns, ns["SIZES"]
     rec = Record.new()
     rec.add("matmul_tflops", g["matmul_tflops"], "TFLOP/s", g["matmul_time"].method, checks.spread(g["matmul_time"]),
-            n=g["n"], dtype=dtype_name(g["MATMUL_DTYPE"]), flops=2 * g["n"] ** 3, **checks.times_dict(g["matmul_time"]))
+            n=g["n"], dtype=checks.dtype_name(g["MATMUL_DTYPE"]), flops=2 * g["n"] ** 3, **checks.times_dict(g["matmul_time"]))
     rec.add("copy_gbs", g["copy_gbs"], "GB/s", g["copy_time"].method, checks.spread(g["copy_time"]),
             bytes=8 * s.copy_numel, **checks.times_dict(g["copy_time"]))
     tr = g["train"]
@@ -195,21 +175,13 @@ def save_record(ns: dict, path: str | Path | None = None):
             run_ms=g["run_ms"], eager_ms=g["eager_ms"], compiles_unpadded=g["compiles_unpadded"],
             compiles_bucketed=g["compiles_bucketed"])
     r = g["resume"]
-    rec.add("resume_identical", 1.0 if r.get("identical") else 0.0, "bool", "utils.checkpoint.kill_and_resume", None,
+    rec.add("resume_identical", 1.0 if r.get("identical") else 0.0, "bool", "utils.kill_harness.kill_and_resume", None,
             differing=r.get("differing"), killed_after_step=r.get("killed_after_step"), resumed_from=r.get("resumed_from"))
-    rec.save(Path(path) if path else record_path(smoke_mode()))
+    rec.save(Path(path) if path else checks.record_path(PHASE, smoke_mode()))
     return rec
 
 
 # -- reading --------------------------------------------------------------------------------
-
-def announce(what: str) -> None:
-    checks.announce_from_record(what)
-
-
-def _ok(what: str) -> None:
-    checks.record_ok(what)
-
 
 def _med(t: Any, name: str) -> float:
     if not isinstance(t, dict):
@@ -227,14 +199,14 @@ def points() -> None:
     ex = rec.measurements["matmul_tflops"].extra
     n = int(checks.as_number(n, "record matmul n"))
     checks.assert_close(fl, 2 * n**3, "record matmul flops (2 n^3)")
-    checks.assert_close(v, rate(fl, _med(ex, "matmul_tflops"), 1e12), "record matmul_tflops vs its flops and median", rel=1e-3)
-    checks.assert_not_above(v, spec.peak_tflops(dtype_name(dtype)), "recorded matmul_tflops", "TFLOP/s",
+    checks.assert_close(v, tflop_per_s(fl, _med(ex, "matmul_tflops")), "record matmul_tflops vs its flops and median", rel=1e-3)
+    checks.assert_not_above(v, spec.peak_tflops(checks.dtype_name(dtype)), "recorded matmul_tflops", "TFLOP/s",
                             f"the {spec.name} {dtype} datasheet peak")
     cv, cby = checks.recorded(rec, "copy_gbs", "bytes")
-    checks.assert_close(cv, rate(cby, _med(rec.measurements["copy_gbs"].extra, "copy_gbs"), 1e9),
+    checks.assert_close(cv, gb_per_s(cby, _med(rec.measurements["copy_gbs"].extra, "copy_gbs")),
                         "record copy_gbs vs its bytes and median", rel=1e-3)
     checks.assert_not_above(cv, spec.bandwidth_gbs, "recorded copy_gbs", "GB/s", f"the {spec.name} datasheet bandwidth")
-    _ok(f"matmul {v:.4g} TFLOP/s, copy {cv:.4g} GB/s")
+    checks.record_ok(f"matmul {v:.4g} TFLOP/s, copy {cv:.4g} GB/s")
 
 
 def _decode(rec, spec) -> tuple[dict, dict, float]:
@@ -280,7 +252,7 @@ def costs(cost_per_sample_usd, cost_per_million_tokens_usd) -> None:
     checks.assert_close(mine_t, cost.cost_per_million_tokens_usd(rec_tps, price), "your cost_per_million_tokens_usd on the record", rel=1e-9)
     checks.assert_close(usd_s, mine_s, "recorded usd_per_sample", rel=1e-6)
     checks.assert_close(usd_t, mine_t, "recorded usd_per_million_tokens", rel=1e-6)
-    _ok(f"${usd_s:.3g} per sample, ${usd_t:.3g} per 1M tokens at batch {batch}")
+    checks.record_ok(f"${usd_s:.3g} per sample, ${usd_t:.3g} per 1M tokens at batch {batch}")
 
 
 def right_sizing() -> None:
@@ -304,7 +276,7 @@ def right_sizing() -> None:
     a.choice, a.n_gpus, a.usd_per_hour = _A(), n, rec.measurements["right_sizing_usd_per_hour"].value
     a.choice.name = choice
     same_answer(a, expected, want_slo, want_demand)
-    _ok(f"right-sizing {n} x {choice}")
+    checks.record_ok(f"right-sizing {n} x {choice}")
 
 
 def checkpoint_overhead() -> None:
@@ -326,4 +298,4 @@ def checkpoint_overhead() -> None:
                              f"moments of {model} ({3 * weights:.4g} bytes)")
     if not math.isfinite(sync_pct):
         raise AssertionError("recorded sync_overhead_pct is not finite")
-    _ok(f"checkpoint {sync:.4g} ms synchronous, {blocking:.4g} ms blocking when asynchronous")
+    checks.record_ok(f"checkpoint {sync:.4g} ms synchronous, {blocking:.4g} ms blocking when asynchronous")

@@ -42,7 +42,8 @@ def guess_assignment(notebook: Path, source_dir: Path = SOURCE_DIR) -> str:
 
 
 def check_notebook(notebook: Path, *, assignment: str | None = None, record: Path | None = None,
-                   timeout_s: int | None = None, out_dir: Path | None = None, source_dir: Path = SOURCE_DIR) -> dict:
+                   timeout_s: int | None = None, out_dir: Path | None = None, source_dir: Path = SOURCE_DIR,
+                   screen: bool = True) -> dict:
     """Grade ``notebook``; returns the result dict that ``--json-out`` writes. With
     ``out_dir``, the graded notebook and the record it wrote are kept there (as ``autograde``
     keeps them, under ``autograded/self/``)."""
@@ -57,7 +58,7 @@ def check_notebook(notebook: Path, *, assignment: str | None = None, record: Pat
                 break
     sub = Submission("self", notebook, record)
     (res,) = grade_batch(assignment, [sub], out_dir, jobs=1, timeout_s=timeout_s, feedback=out_dir is not None,
-                         progress=False, source_dir=source_dir)
+                         progress=False, source_dir=source_dir, screen=screen)
     res["notebook"] = str(notebook)
     res["record"] = str(record) if record else None
     res["passed"] = res["status"] == "ok" or res["status"].startswith("graded;")
@@ -76,6 +77,12 @@ def format_table(res: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(f"score {res['score']:g} / {res['max_score']:g}    status: {res['status']}")
+    for note in res.get("notes", []):
+        if note.startswith("screen: "):
+            lines.append(f"  {note.removeprefix('screen: ')}")
+    if res.get("needs_review"):
+        lines.append("Not run: the code above reaches into the kernel or the grader. An instructor reviews it "
+                     "(docs/grading.md, \"What the screen cannot see\"); --no-screen grades it anyway.")
     if any(c.get("mode") == "graded from record" for c in res["cells"]):
         lines.append("Measured cells were graded from the measurement record (this machine has no GPU).")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
+KERNEL_DEATH_RETRIES = 1  # a dead kernel is graded once more: a machine's fault must not cost the learner
 MARK = "grader:"  # grader/checks.py prints "grader: measured live ..." / "grader: graded from record ..."
 
 
@@ -56,12 +57,19 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
     from grader import course as C
 
     result = {"student_id": student, "assignment": assignment, "status": "ok", "notes": []}
-    try:
-        C.autograde(course, assignment, student, timeout_s)
-    except C.CourseError as exc:
-        result["status"] = str(exc)
-    finally:
-        C.kill_descendants()  # nothing the notebook started may outlive its grading
+    for attempt in range(1 + KERNEL_DEATH_RETRIES):
+        result["status"] = "ok"
+        try:
+            C.autograde(course, assignment, student, timeout_s)
+        except C.CourseError as exc:
+            result["status"] = str(exc)
+        finally:
+            C.kill_descendants()  # nothing the notebook started may outlive its grading
+        if result["status"] != C.KERNEL_DIED:
+            break
+        if attempt < KERNEL_DEATH_RETRIES:
+            result["notes"].append("the kernel died during grading (on a shared machine the OOM killer or "
+                                   "another job can do that); the notebook was graded again from the start")
     grades = C.read_grades(course, assignment, student)
     reports = cell_reports(C.autograded_path(course, assignment, student))
     for cell in grades["cells"]:

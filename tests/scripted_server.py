@@ -1,6 +1,6 @@
 """A raw HTTP/1.1 server that answers each request with a byte script: the odd wire behaviour of
 real OpenAI-compatible servers, reproduced exactly and with known timing, for
-tests/test_loadgen_servers.py.
+tests/integration/test_loadgen_servers.py.
 
 ``timed_server.py`` is the timing truth for a well-behaved server; this one writes whatever a
 test scripts, byte for byte, on a raw socket: status line and headers, chunked framing or a body

@@ -1,6 +1,6 @@
 """A local OpenAI-compatible server whose token timing is known: the truth for loadgen.
 
-``utils.loadgen`` is checked against it (tests/test_loadgen*.py) and benchmarked against
+``utils.loadgen`` is checked against it (tests/utils/test_loadgen*.py) and benchmarked against
 it (benchmarks/loadgen_overhead.py). It generates nothing: it streams ``n`` tokens, the
 first ``ttft_ms`` after the request arrives and then one every ``itl_ms``, on absolute
 deadlines (token k is due at arrival + ttft + k * itl), so sleep overshoot does not

@@ -156,7 +156,7 @@ def cost_per_million_tokens_usd(tokens_per_s: float, usd_per_gpu_hour: float, n_
     """Dollars per 1M generated (or trained) tokens at ``tokens_per_s`` summed over ``n_gpus``.
 
     Say which tokens: output tokens of a serving benchmark at a stated concurrency, or
-    training tokens; never tokens/s without the workload (REFERENCE.md)."""
+    training tokens; never tokens/s without the workload (docs/reference.md)."""
     rate = _positive("tokens_per_s", tokens_per_s)
     return _positive("usd_per_gpu_hour", usd_per_gpu_hour) * _positive("n_gpus", n_gpus) * 1e6 / (rate * 3600)
 
@@ -445,9 +445,7 @@ def smallest_mig_profile(gpu: str, memory_gb: float, compute_fraction: float = 0
 def mig_gpus_needed(gpu: str, profile: str, n_instances: int) -> int:
     """GPUs to host ``n_instances`` of one profile: ``ceil(n / instances per GPU)``."""
     p = mig_profile(gpu, profile)
-    if isinstance(n_instances, bool) or not isinstance(n_instances, int) or n_instances < 1:
-        raise ValueError(f"n_instances must be a positive integer, got {n_instances!r}")
-    return math.ceil(n_instances / p.max_instances)
+    return math.ceil(validate.positive_int("n_instances", n_instances) / p.max_instances)
 
 
 def mig_usd_per_instance_hour(gpu_usd_per_hour: float, gpu: str, profile: str) -> float:

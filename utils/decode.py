@@ -1,7 +1,7 @@
 """Decoding one token at a time, three ways, from overhead-bound to memory-bound.
 
 Batch-1 decode reads every weight once per token and does two FLOPs per weight, about one
-FLOP per byte: far left of every GPU's ridge point (REFERENCE.md, "FLOPs, MFU, roofline"),
+FLOP per byte: far left of every GPU's ridge point (``utils/flops.py``: H200 bf16 about 206 FLOP/byte),
 so a token can take no less than ``bytes read / memory bandwidth``. The three paths here are
 the same model and the same greedy tokens; what differs is how much else a token costs:
 
@@ -11,14 +11,14 @@ the same model and the same greedy tokens; what differs is how much else a token
     time on the host; the cache grows by ``torch.cat`` (new shapes and allocations every step)
     and the stopping check reads a flag on the host. The GPU waits for the host:
     overhead-bound. Measured on one H200 for the 1.1B Llama shape in bf16: 16 tokens/s, 1% of
-    copy bandwidth (REFERENCE.md).
+    copy bandwidth (docs/reference.md).
 ``static_compiled``
     ``generate(cache_implementation="static")``: a preallocated cache of fixed shape makes every
     step's shapes identical, so transformers compiles the forward with
     ``torch.compile(mode="reduce-overhead")`` (on CUDA only): inductor fuses the elementwise
     ops and CUDA graphs replay each forward. ``generate``'s own Python loop (logits processors,
     stopping criteria, cache bookkeeping) still runs around every step. Same H200: 148
-    tokens/s, 8% (REFERENCE.md).
+    tokens/s, 8% (docs/reference.md).
 ``fast``
     :class:`FastDecoder`, gpt-fast's recipe (pytorch-labs/gpt-fast ``generate.py`` and
     ``model.py``): a static KV cache held as module buffers, fused QKV and gate/up weights
@@ -34,7 +34,7 @@ the same model and the same greedy tokens; what differs is how much else a token
 
 Why a hand-written forward rather than HF's model under ``torch.compile``: compiling HF's
 forward with its static cache under ``mode="reduce-overhead"`` failed on the H200 with
-"accessing tensor output of CUDAGraphs that has been overwritten" (REFERENCE.md); gpt-fast
+"accessing tensor output of CUDAGraphs that has been overwritten" (docs/reference.md); gpt-fast
 writes the decoder in about a hundred lines so that the graph holds the cache as buffers
 and returns only the next token, which the loop clones before the next replay
 (``torch.compiler.cudagraph_mark_step_begin`` marks each step). :class:`FastDecoder` takes
@@ -44,7 +44,7 @@ tables, and supports the Llama family (``llama``, ``mistral`` without a sliding 
 treats module parameters and buffers as static addresses, which CUDA graphs need (a
 plain tensor attribute would be copied into the graph at every replay).
 
-Greedy outputs equal eager ``generate``'s on a CPU in fp32 (``tests/test_inference.py``); in
+Greedy outputs equal eager ``generate``'s on a CPU in fp32 (``tests/utils/test_inference.py``); in
 bf16 on a GPU, kernels that add in a different order can flip a near-tie in random weights,
 so :func:`first_mismatch` reports where two paths part.
 """
@@ -59,6 +59,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from utils import validate
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 PATHS = ("eager", "static_compiled", "fast")
@@ -248,8 +250,7 @@ class FastDecoder(nn.Module):
     def setup_caches(self, batch: int) -> None:
         """Zeroed K and V caches of ``(batch, kv_heads, max_seq_len, head_dim)`` per layer,
         marked as static addresses for CUDA graphs (as transformers' ``StaticCache`` does)."""
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        validate.positive_int("batch", batch)
         shape = (batch, self.n_kv, self.max_seq_len, self.head_dim)
         for layer in self.layers:
             layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)

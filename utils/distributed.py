@@ -12,7 +12,7 @@ bandwidth is what to compare with the link: the derivation gives each rank a ban
 is with the per-direction link bandwidth (NVLink 4: 900 GB/s bidirectional per GPU, 450
 GB/s each way), not the bidirectional total.
 
-Measured here on two H200 joined by NV18 NVLink (REFERENCE.md): all-reduce bus bandwidth
+Measured here on two H200 joined by NV18 NVLink (docs/reference.md): all-reduce bus bandwidth
 25 GB/s at 1 MiB, 207 at 16 MiB, 298 at 256 MiB, 327 at 1 GiB (73% of 450).
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ class LinkPeak:
 LINK_PEAKS: dict[str, LinkPeak] = {
     "nvlink4": LinkPeak("NVLink 4 (H100/H200 SXM, 18 links)", 450.0, 900.0,
                         "NVIDIA H100/H200 datasheets and NVLink page: 900 GB/s bidirectional per GPU "
-                        "(the H200 pair measured here showed NV18, 18 links x 26.6 GB/s: REFERENCE.md)"),
+                        "(the H200 pair measured here showed NV18, 18 links x 26.6 GB/s: docs/reference.md)"),
     "nvlink3": LinkPeak("NVLink 3 (A100 SXM, 12 links)", 300.0, 600.0,
                         "NVIDIA A100 datasheet: 600 GB/s bidirectional per GPU"),
     "nvlink2": LinkPeak("NVLink 2 (V100 SXM2, 6 links)", 150.0, 300.0,

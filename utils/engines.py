@@ -17,7 +17,7 @@ Three engines, each run as its own OpenAI-compatible server by :func:`utils.serv
   flashinfer and sgl-kernel); ``$GPULAB_SGLANG_PYTHON`` or this interpreter.
 
 Start-up facts come from what the engine itself says: vLLM's log
-(:func:`utils.kvcache.parse_vllm_log`) and its ``vllm:cache_config_info`` gauge on ``/metrics``,
+(:func:`utils.vllm_log.parse_vllm_log`) and its ``vllm:cache_config_info`` gauge on ``/metrics``,
 whose labels carry the resolved cache config (``block_size``, ``num_gpu_blocks``,
 ``kv_cache_memory_bytes``, ``cache_dtype``: ``vllm/v1/metrics/loggers.py``); SGLang's log
 (:func:`utils.sglang_log.parse_sglang_log`); for ``transformers serve``, the cache size this
@@ -341,7 +341,7 @@ def _num(value: str | None, kind=int):
 
 def vllm_facts(install: EngineInstall, log_text: str, metrics_text: str, opts: EngineOptions) -> EngineFacts:
     """vLLM's start-up facts from its log and ``/metrics`` (pure)."""
-    from utils.kvcache import parse_vllm_log
+    from utils.vllm_log import parse_vllm_log
 
     log = parse_vllm_log(log_text)
     labels = _cache_config_labels(metrics_text)

@@ -2,7 +2,7 @@
 
 Smoke mode runs every notebook end to end in minutes on tiny sizes: it is on when no CUDA
 GPU is visible or when ``GPULAB_SMOKE=1``. The code path is the same as on a GPU; only
-the sizes (and the grading thresholds) change (DESIGN.md, "Smoke mode").
+the sizes (and the grading thresholds) change (docs/architecture.md, "Smoke mode").
 
 Sizes come in tiers chosen from the device: ``cpu`` (smoke), ``t4`` (16 GB class, no bf16
 tensor cores: T4, P100, V100), ``a100`` (Ampere/Ada: A100, A10, L4, L40S) and ``h100``
@@ -102,7 +102,7 @@ class Phase5Sizes:
     decode_batches: tuple[int, ...]  # batch sizes of the decode (right-sizing) measurements
     prompt_len: int
     new_tokens: int  # tokens generated per decode measurement
-    ckpt_model: str  # the checkpointed training run (utils.checkpoint.RunConfig)
+    ckpt_model: str  # the checkpointed training run (utils.checkpointed_run.RunConfig)
     ckpt_batch: int
     ckpt_seq_len: int
     ckpt_steps: int

@@ -23,34 +23,26 @@ Sources:
   time spent neither computing nor moving memory (Python, framework dispatch, kernel
   launches). The roofline cannot show it directly; :func:`bound` infers it from a measured
   throughput far below the roofline ceiling at the kernel's own intensity.
+* A whole training step (phase 0, section 5, ``grader/source/00_foundations/00_foundations.ipynb``):
+  its fixed cost from timing two batch sizes (:func:`batch_scaling`, :func:`fixed_share`)
+  and its MFU decide :func:`step_bound`, in the same order as :func:`bound`.
 
 Written by hand rather than taken from a library: each function is one formula, and the
 course wants the formula on the page.
 """
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from utils import validate
+from utils.units import GB, TFLOP
+
 # Below this fraction of the roofline ceiling a kernel is called overhead-bound (see bound()).
 OVERHEAD_FRACTION = 0.1
-
-
-def _check_nonneg(**values: float) -> None:
-    for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v):
-            raise ValueError(f"{name} must be a number, got {v!r}")
-        if v < 0:
-            raise ValueError(f"{name} must be >= 0, got {v!r}")
-
-
-def _check_pos(**values: float) -> None:
-    _check_nonneg(**values)
-    for name, v in values.items():
-        if v == 0:
-            raise ValueError(f"{name} must be > 0, got {v!r}")
+# A training step is overhead-bound above this fixed share, else compute-bound at this MFU or more (step_bound()).
+OVERHEAD_SHARE = 0.5
+COMPUTE_MFU = 0.4
 
 
 # --------------------------------------------------------------------------- FLOPs per token
@@ -73,7 +65,7 @@ def transformer_flops_per_token(
     >>> transformer_flops_per_token(1_000_000, 2, 4, 16, 128)
     6196608
     """
-    _check_nonneg(n_params_non_embedding=n_params_non_embedding, n_layers=n_layers,
+    validate.non_negatives(n_params_non_embedding=n_params_non_embedding, n_layers=n_layers,
                   n_heads=n_heads, head_dim=head_dim, seq_len=seq_len)
     train = 6 * n_params_non_embedding + 12 * n_layers * n_heads * head_dim * seq_len
     return train if training else train / 3
@@ -177,7 +169,7 @@ def flops_per_token_from_config(cfg: Any, seq_len: int, training: bool = True) -
     ``L`` = ``num_hidden_layers``/``n_layer``, ``H`` = ``num_attention_heads``/``n_head``,
     ``Q`` = ``head_dim`` or hidden/heads, ``N`` from :func:`non_embedding_params_from_config`.
     """
-    _check_pos(seq_len=seq_len)
+    validate.positives(seq_len=seq_len)
     if _get(cfg, "model_type") is None:
         raise ValueError("the config has no model_type; pass an HF config or a config.json dict")
     d = _get(cfg, "hidden_size", "n_embd")
@@ -194,14 +186,14 @@ def flops_per_token_from_config(cfg: Any, seq_len: int, training: bool = True) -
 
 def mfu(achieved_flops_per_s: float, peak_tflops: float) -> float:
     """Model FLOPs utilization as a fraction (0.24 means 24%): achieved / peak of the dtype used."""
-    _check_nonneg(achieved_flops_per_s=achieved_flops_per_s)
-    _check_pos(peak_tflops=peak_tflops)
-    return achieved_flops_per_s / (peak_tflops * 1e12)
+    validate.non_negatives(achieved_flops_per_s=achieved_flops_per_s)
+    validate.positives(peak_tflops=peak_tflops)
+    return achieved_flops_per_s / (peak_tflops * TFLOP)
 
 
 def mfu_from_throughput(tokens_per_s: float, flops_per_token: float, peak_tflops: float) -> float:
     """MFU from a measured throughput: ``tokens_per_s x flops_per_token / peak``."""
-    _check_nonneg(tokens_per_s=tokens_per_s, flops_per_token=flops_per_token)
+    validate.non_negatives(tokens_per_s=tokens_per_s, flops_per_token=flops_per_token)
     return mfu(tokens_per_s * flops_per_token, peak_tflops)
 
 
@@ -209,22 +201,22 @@ def mfu_from_throughput(tokens_per_s: float, flops_per_token: float, peak_tflops
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     """FLOP per byte moved to or from memory."""
-    _check_nonneg(flops=flops)
-    _check_pos(bytes_moved=bytes_moved)
+    validate.non_negatives(flops=flops)
+    validate.positives(bytes_moved=bytes_moved)
     return flops / bytes_moved
 
 
 def ridge_point(peak_tflops: float, bandwidth_gbs: float) -> float:
     """The intensity (FLOP/byte) where the roofline bends: ``peak / bandwidth``."""
-    _check_pos(peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs)
-    return peak_tflops * 1e12 / (bandwidth_gbs * 1e9)
+    validate.positives(peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs)
+    return peak_tflops * TFLOP / (bandwidth_gbs * GB)
 
 
 def attainable_tflops(intensity: float, peak_tflops: float, bandwidth_gbs: float) -> float:
     """Roofline ceiling in TFLOP/s: ``min(peak, intensity x bandwidth)``."""
-    _check_nonneg(intensity=intensity)
-    _check_pos(peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs)
-    return min(peak_tflops, intensity * bandwidth_gbs * 1e9 / 1e12)
+    validate.non_negatives(intensity=intensity)
+    validate.positives(peak_tflops=peak_tflops, bandwidth_gbs=bandwidth_gbs)
+    return min(peak_tflops, intensity * bandwidth_gbs * GB / TFLOP)
 
 
 def roofline_fraction(achieved_tflops: float, intensity: float, peak_tflops: float, bandwidth_gbs: float) -> float:
@@ -233,11 +225,19 @@ def roofline_fraction(achieved_tflops: float, intensity: float, peak_tflops: flo
     Can exceed 1 when the bytes counted overstate the DRAM traffic (data reused from L2);
     a fraction far above 1 means the FLOP or byte count is wrong.
     """
-    _check_nonneg(achieved_tflops=achieved_tflops)
+    validate.non_negatives(achieved_tflops=achieved_tflops)
     ceiling = attainable_tflops(intensity, peak_tflops, bandwidth_gbs)
     if ceiling == 0:
         raise ValueError("intensity is 0, so the roofline ceiling is 0; count the kernel's FLOPs")
     return achieved_tflops / ceiling
+
+
+def _limit(overhead: bool, compute: bool) -> str:
+    """The course's one rule for what limits a piece of work, whatever the evidence: overhead
+    first (time the roofline does not model), then compute against memory."""
+    if overhead:
+        return "overhead"
+    return "compute" if compute else "memory"
 
 
 def bound(
@@ -247,7 +247,7 @@ def bound(
     achieved_tflops: float | None = None,
     overhead_fraction: float = OVERHEAD_FRACTION,
 ) -> str:
-    """Which limit applies: ``"compute"``, ``"memory"`` or ``"overhead"``.
+    """Which limit applies to one kernel: ``"compute"``, ``"memory"`` or ``"overhead"``.
 
     The rule, in order:
 
@@ -255,29 +255,73 @@ def bound(
        ``overhead_fraction`` (default 0.1) of the roofline ceiling
        :func:`attainable_tflops` at this intensity. A kernel that is truly compute- or
        memory-bound reaches a large share of its ceiling (a tuned bf16 matmul about 80% of
-       peak, a large copy about 90% of bandwidth: stas00/ml-engineering, and REFERENCE.md's
-       H200 numbers); at under a tenth the time must be going to something the roofline does
-       not model: Python, dispatch, kernel launches, synchronisation (Horace He's
-       overhead-bound regime). Pass ``overhead_fraction=0`` to switch the test off.
+       peak, a large copy about 90% of bandwidth: stas00/ml-engineering, and the H200
+       figures in benchmarks/RESULTS.md, 71 to 75% of peak with L2 flushed); at under a tenth
+       the time must be going to something the roofline does not model: Python, dispatch,
+       kernel launches, synchronisation (Horace He's overhead-bound regime). Pass
+       ``overhead_fraction=0`` to switch the test off.
     2. otherwise ``"compute"`` when ``intensity >= ridge_point(peak, bandwidth)``,
        ``"memory"`` below it. Without a measurement only this placement is possible.
+
+    :func:`step_bound` applies the same order to a whole training step.
     """
-    _check_nonneg(overhead_fraction=overhead_fraction)
+    validate.non_negatives(overhead_fraction=overhead_fraction)
     if overhead_fraction >= 1:
         raise ValueError(f"overhead_fraction must be below 1, got {overhead_fraction!r}")
     ceiling = attainable_tflops(intensity, peak_tflops, bandwidth_gbs)
     if achieved_tflops is not None:
-        _check_nonneg(achieved_tflops=achieved_tflops)
-        if achieved_tflops < overhead_fraction * ceiling:
-            return "overhead"
-    return "compute" if intensity >= ridge_point(peak_tflops, bandwidth_gbs) else "memory"
+        validate.non_negatives(achieved_tflops=achieved_tflops)
+    overhead = achieved_tflops is not None and achieved_tflops < overhead_fraction * ceiling
+    return _limit(overhead, intensity >= ridge_point(peak_tflops, bandwidth_gbs))
+
+
+# --------------------------------------------------------------------------- a whole step: batch scaling
+
+def batch_scaling(full_batch: float, full_ms: float, small_batch: float, small_ms: float) -> float:
+    """Tokens/s at the full batch over tokens/s at the small one: ``R = (B / T_B) / (b / T_b)``
+    (phase 0, section 5). 1 when throughput does not grow with the batch."""
+    validate.positives(full_batch=full_batch, full_ms=full_ms, small_batch=small_batch, small_ms=small_ms)
+    return (full_batch / full_ms) / (small_batch / small_ms)
+
+
+def fixed_share(batch_scaling: float, full_batch: float, small_batch: float) -> float:
+    """Share of the full-batch step that is a fixed cost: ``s = (R - 1) / (B / b - 1)``.
+
+    If a step takes ``c + w·batch`` (a fixed cost ``c``, work proportional to the batch), then
+    ``R = B (c + w b) / (b (c + w B))`` and solving for ``c / (c + w B)`` gives ``s``: 0 when
+    every millisecond is work, 1 when the batch costs nothing. Timing noise can put a
+    measured ``s`` slightly outside [0, 1]; it is returned as measured.
+    """
+    validate.positives(full_batch=full_batch, small_batch=small_batch)
+    if full_batch <= small_batch:
+        raise ValueError(f"full_batch ({full_batch!r}) must be larger than small_batch ({small_batch!r})")
+    return (batch_scaling - 1) / (full_batch / small_batch - 1)
+
+
+def step_bound(fixed_share: float, mfu: float, overhead_share: float = OVERHEAD_SHARE,
+               compute_mfu: float = COMPUTE_MFU) -> str:
+    """Which limit applies to a training step: the order of :func:`bound`, on the evidence a
+    whole step gives (phase 0, section 5; a course convention, not a law).
+
+    A step has no single arithmetic intensity, so the roofline's two tests are replaced:
+
+    1. ``"overhead"`` when :func:`fixed_share` is above ``overhead_share`` (0.5): more than
+       half of the full-batch step does not shrink per token as the batch grows, the cost
+       the roofline does not model (launches, Python, the host).
+    2. otherwise ``"compute"`` when MFU (:func:`mfu`) is at least ``compute_mfu`` (0.4), a
+       large share of the compute roof; ``"memory"`` below it (the time goes to elementwise
+       work such as norms, activations and the optimizer update).
+
+    The numbers are taken as measured, without checks, so every input gets a verdict.
+    """
+    return _limit(fixed_share > overhead_share, mfu >= compute_mfu)
 
 
 # --------------------------------------------------------------------------- the course's three kernels
 
 def matmul_flops(m: int, n: int, k: int) -> int:
     """FLOPs of ``(m x k) @ (k x n)``: ``2mnk`` (one multiply and one add per term)."""
-    _check_nonneg(m=m, n=n, k=k)
+    validate.non_negatives(m=m, n=n, k=k)
     return 2 * m * n * k
 
 
@@ -286,19 +330,19 @@ def matmul_bytes(m: int, n: int, k: int, dtype_bytes: int) -> int:
 
     Real kernels re-read tiles from cache, so DRAM traffic is at least this.
     """
-    _check_nonneg(m=m, n=n, k=k)
-    _check_pos(dtype_bytes=dtype_bytes)
+    validate.non_negatives(m=m, n=n, k=k)
+    validate.positives(dtype_bytes=dtype_bytes)
     return dtype_bytes * (m * k + k * n + m * n)
 
 
 def elementwise_bytes(numel: int, dtype_bytes: int, n_inputs: int = 1, n_outputs: int = 1) -> int:
     """Memory traffic of an elementwise op: each input read once, each output written once."""
-    _check_nonneg(numel=numel, n_inputs=n_inputs, n_outputs=n_outputs)
-    _check_pos(dtype_bytes=dtype_bytes)
+    validate.non_negatives(numel=numel, n_inputs=n_inputs, n_outputs=n_outputs)
+    validate.positives(dtype_bytes=dtype_bytes)
     return numel * dtype_bytes * (n_inputs + n_outputs)
 
 
 def elementwise_flops(numel: int, flops_per_element: int = 1) -> int:
     """FLOPs of an elementwise op: ``numel x flops_per_element`` (an add or a multiply is 1)."""
-    _check_nonneg(numel=numel, flops_per_element=flops_per_element)
+    validate.non_negatives(numel=numel, flops_per_element=flops_per_element)
     return numel * flops_per_element

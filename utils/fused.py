@@ -5,7 +5,7 @@ GPT-2's MLP computes ``gelu(x @ W + b)`` with GELU's tanh approximation
 ``gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))``. In eager PyTorch the bias add
 and the GELU are two kernels, ``t = x + bias`` then ``gelu(t, approximate="tanh")``, and the
 intermediate ``t`` makes a round trip through GPU memory. Both ops do a handful of FLOPs per
-element, far below any GPU's ridge point (H200 bf16: about 206 FLOP/byte, REFERENCE.md), so
+element, far below any GPU's ridge point (H200 bf16: about 206 FLOP/byte, utils/flops.py), so
 their time is memory traffic. With ``N`` elements of ``e`` bytes and a bias of ``C`` columns:
 
 - unfused: the add reads ``x`` and the bias and writes ``t``; the GELU reads ``t`` and writes
@@ -46,6 +46,8 @@ import os
 from typing import Any
 
 import torch
+
+from utils.units import gb_per_s
 
 if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"  # before @triton.jit below: that is when Triton reads it
@@ -197,7 +199,7 @@ def compare_bias_gelu(n_rows: int | None = None, n_cols: int = 3072, dtype: Any 
         "speedup": t_unfused.median_ms / t_fused.median_ms,
         "max_abs_err": err,
         **moved,
-        "fused_gbs": moved["bytes_moved_fused"] / (t_fused.median_ms * 1e-3) / 1e9,
-        "unfused_gbs": moved["bytes_moved_unfused"] / (t_unfused.median_ms * 1e-3) / 1e9,
+        "fused_gbs": gb_per_s(moved["bytes_moved_fused"], t_fused.median_ms),
+        "unfused_gbs": gb_per_s(moved["bytes_moved_unfused"], t_unfused.median_ms),
         "timing_method": t_fused.method,
     }

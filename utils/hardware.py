@@ -130,18 +130,6 @@ def nvml_handle_for_torch(device_index: int) -> Any:
     return nvml.handle(device_index)
 
 
-def throttle_reasons(mask: int) -> list[str]:
-    """Names of the bits set in NVML's clocks-event (throttle) reason mask."""
-    if not isinstance(mask, int):
-        return []
-    names = {
-        0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
-        0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
-        0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown", 0x100: "display_clock_setting",
-    }
-    return [n for bit, n in names.items() if mask & bit]
-
-
 def nvml_fingerprint(h: Any) -> dict:
     """Driver-side facts of one device handle; fields NVML cannot give are None."""
     def q(name, *args):
@@ -152,9 +140,11 @@ def nvml_fingerprint(h: Any) -> dict:
     mclock = nvml.constant("NVML_CLOCK_MEM", 2)
     power_mw = q("nvmlDeviceGetEnforcedPowerLimit")
     mig = q("nvmlDeviceGetMigMode")
-    reasons = q("nvmlDeviceGetCurrentClocksEventReasons")
-    if reasons is None:
-        reasons = q("nvmlDeviceGetCurrentClocksThrottleReasons")
+    reasons = None
+    for call in nvml.THROTTLE_CALLS:  # the newer name first; an older driver answers only the other
+        reasons = q(call)
+        if reasons is not None:
+            break
     return {
         "uuid": q("nvmlDeviceGetUUID"),
         "sm_clock_mhz": q("nvmlDeviceGetClockInfo", clock),
@@ -162,7 +152,7 @@ def nvml_fingerprint(h: Any) -> dict:
         "sm_clock_max_mhz": q("nvmlDeviceGetMaxClockInfo", clock),
         "mem_clock_max_mhz": q("nvmlDeviceGetMaxClockInfo", mclock),
         "power_limit_w": power_mw / 1000 if isinstance(power_mw, (int, float)) else None,
-        "throttle_reasons": throttle_reasons(reasons) if reasons is not None else None,
+        "throttle_reasons": nvml.throttle_reasons(reasons) if reasons is not None else None,
         "mig_mode": (mig[0] if isinstance(mig, (list, tuple)) else mig),
     }
 

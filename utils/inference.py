@@ -13,7 +13,7 @@ a device-to-device copy reads and writes every byte; 4.2 TB/s for 1 GiB on one H
 benchmarks/RESULTS.md). "Weights read" leaves out the input embedding table, of which a step
 reads only ``batch`` rows (:func:`weight_bytes_read_per_step`); the KV count is the useful
 context, not the padding a static cache also reads, so the achieved figure is a lower bound.
-Time per output token follows vLLM's definition (REFERENCE.md): ``(t(n) - t(1)) / (n - 1)``
+Time per output token follows vLLM's definition (docs/reference.md): ``(t(n) - t(1)) / (n - 1)``
 for exactly ``n`` greedy tokens (:func:`measure_decode`), so the prefill and the fixed costs
 of a call cancel.
 
@@ -31,8 +31,7 @@ import time
 import urllib.request
 from typing import Any
 
-GIB = 2**30
-
+from utils.units import GIB, gb_per_s, transfer_ms
 
 # -- bytes ----------------------------------------------------------------------------------------
 
@@ -72,13 +71,25 @@ def mean_context_len(prompt_len: int, new_tokens: int) -> float:
     return prompt_len + new_tokens / 2
 
 
+def estimate_tpot_ms(measured_tpot_ms: float, bytes_per_step: float, my_bandwidth_gbs: float,
+                     other_bandwidth_gbs: float) -> float:
+    """TPOT on another card, from one measured here: a two-term model of a decode step.
+
+    A step is a fixed part (launches, Python, the host), which a faster card does not shorten,
+    plus reading ``bytes_per_step`` (:func:`decode_bytes_per_step`) at the card's bandwidth:
+    ``fixed = max(measured - bytes / my_bandwidth, 0)`` and the estimate is ``fixed + bytes /
+    other_bandwidth`` (phase 5, ``grader/source/05_hardware_and_cost/05_hardware_and_cost.ipynb``)."""
+    fixed_ms = max(measured_tpot_ms - transfer_ms(bytes_per_step, my_bandwidth_gbs), 0.0)
+    return fixed_ms + transfer_ms(bytes_per_step, other_bandwidth_gbs)
+
+
 # -- measuring -----------------------------------------------------------------------------------
 
 def measure_copy_bandwidth(numel: int | None = None, device: Any = None, max_runs: int = 30,
                            budget_s: float = 2.0, dtype: Any = None) -> dict:
     """Copy bandwidth in GB/s: ``dst.copy_(src)`` of ``numel`` elements of ``dtype`` (default
     fp32; default size 1 GiB on CUDA, 4 MiB on a CPU), timed with :func:`utils.timing.benchmark`,
-    counting the read and the write (2 x the tensor's bytes), as phase 5 and REFERENCE.md count it."""
+    counting the read and the write (2 x the tensor's bytes), as phase 5 and docs/reference.md count it."""
     import torch
 
     from utils.timing import benchmark
@@ -89,7 +100,7 @@ def measure_copy_bandwidth(numel: int | None = None, device: Any = None, max_run
     dst = torch.empty_like(src)
     t = benchmark(lambda: dst.copy_(src), max_runs=max_runs, budget_s=budget_s, device=device)
     nbytes = 2 * numel * src.element_size()
-    return {"gbs": nbytes / (t.median_ms * 1e-3) / 1e9, "bytes": nbytes, "time": t, "numel": numel}
+    return {"gbs": gb_per_s(nbytes, t.median_ms), "bytes": nbytes, "time": t, "numel": numel}
 
 
 def measure_prefill(model: Any, prompt: Any, lengths: tuple[int, ...] | list[int], max_runs: int = 10,
@@ -299,10 +310,12 @@ def served_kv_check(server: Any, calculator: Any) -> dict:
     Where the engine gave its KV memory in bytes (vLLM's ``/metrics``, its CPU build's
     ``VLLM_CPU_KVCACHE_SPACE``) the numbers must be equal. Where only its log's ``%.2f`` GiB
     is known (a GPU's profiled memory), the calculator gives a range over what that print
-    can hide (:func:`utils.kvcache.gib_print_range`) and the engine's numbers must fall in it.
+    can hide (:func:`utils.units.gib_print_range`) and the engine's numbers must fall in it.
     vLLM from 0.20.1 logs the tokens as ``int(max_concurrency x max_model_len)``, earlier
-    releases as blocks x block size (:func:`utils.kvcache.vllm_formulas`)."""
-    from utils.kvcache import from_hf_config, gib_print_range, vllm_formulas
+    releases as blocks x block size (:func:`utils.vllm_kv.vllm_formulas`)."""
+    from utils.kvcache import from_hf_config
+    from utils.units import gib_print_range
+    from utils.vllm_kv import vllm_formulas
 
     f = server.facts
     kv_dtype = "fp8" if getattr(server.options, "kv_cache_dtype", None) else server.marker.get("dtype", "bf16")

@@ -10,16 +10,18 @@ hundred MB, plus any other process on the card). :class:`PeakMemory` reports all
 The estimates are arithmetic, checked against ``accelerate estimate-memory`` and the ZeRO
 paper (Rajbhandari et al. 2020, arXiv 1910.02054, section 3.1): Adam training needs about
 16 bytes per parameter whether in fp32 (4 weights + 4 gradients + 8 moments) or in mixed
-precision (2 + 2 + 12: fp32 master weights and moments) (REFERENCE.md, "Memory").
+precision (2 + 2 + 12: fp32 master weights and moments) (docs/reference.md).
 Activations follow Korthikanti et al. 2022 (arXiv 2205.05198).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 from typing import Any
 
-GIB = 2**30
+from utils import validate
+from utils.units import GIB
 
 _DTYPE_BYTES = {
     "float64": 8, "fp64": 8, "double": 8, "int64": 8, "long": 8, "uint64": 8, "complex64": 8,
@@ -132,8 +134,7 @@ def transformer_activation_bytes(batch: int, seq: int, d_model: int, n_layers: i
     the layers for a small model with a large vocabulary.
     """
     for name, value in (("batch", batch), ("seq", seq), ("d_model", d_model), ("n_layers", n_layers), ("n_heads", n_heads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        validate.positive_int(name, value)
     if not isinstance(dtype_bytes, (int, float)) or dtype_bytes <= 0:
         raise ValueError(f"dtype_bytes must be positive (2 for bf16/fp16), got {dtype_bytes!r}")
     s, b, h, a, d = seq, batch, d_model, n_heads, dtype_bytes
@@ -144,6 +145,49 @@ def transformer_activation_bytes(batch: int, seq: int, d_model: int, n_layers: i
     if checkpointing:
         return n_layers * s * b * h * d + per_layer
     return n_layers * per_layer
+
+
+# -- accounting tensors ----------------------------------------------------------------------
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of the storages behind ``tensors`` (``None`` entries skipped), each storage
+    once: views and shared tensors are not counted twice. A CPU has no allocator peak, so
+    this is how ``utils.training.measure_finetune`` accounts weights, gradients and state."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.device) if t.device.type != "meta" else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+@contextlib.contextmanager
+def count_saved_bytes(out: dict):
+    """Sum the bytes autograd saves for the backward pass inside the block into ``out['saved']``
+    (each storage once; ``torch.autograd.graph.saved_tensors_hooks``). Checkpointed layers
+    save only their inputs, so this is what a recipe's activations cost before the backward
+    recomputes them."""
+    import torch
+
+    seen: set = set()
+    out.setdefault("saved", 0)
+
+    def pack(t):
+        try:
+            key = (t.untyped_storage().data_ptr(), t.device)
+            if key not in seen and t.device.type != "meta":
+                seen.add(key)
+                out["saved"] += t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield out
 
 
 # -- measuring peaks -------------------------------------------------------------------------
@@ -180,7 +224,7 @@ class PeakMemory:
         self._torch: Any = None
 
     def __enter__(self) -> PeakMemory:
-        from utils.nvml import GpuMonitor
+        from utils.monitor import GpuMonitor
         from utils.timing import _device_type, _find_device, device_sync
 
         self.device = _find_device(self.device, ())

@@ -45,7 +45,7 @@ def utilization_timeline(samples: Sequence[Mapping] | Mapping[str, Sequence], *,
     and metric keys. Missing values break the line. A panel with no data at all (power on a
     CPU) is left out. ``marks``: ``(t_s, label)`` events drawn on every panel and labelled
     on the top one. GPU utilization is the fraction of time a kernel ran, not how well it
-    used the chip (REFERENCE.md, "What utilization means")."""
+    used the chip (docs/reference.md, "What utilization means")."""
     rows = _rows(samples)
     devices = list(dict.fromkeys(r.get("device", "gpu") for r in rows))
     panels = []
@@ -85,7 +85,7 @@ def utilization_timeline(samples: Sequence[Mapping] | Mapping[str, Sequence], *,
 def roofline(peak_tflops: float, bandwidth_gbs: float, points: Sequence[tuple[str, float, float]] = (), *,
              title: str | None = None, dtype: str = "") -> Figure:
     """A log-log roofline: attainable TFLOP/s = min(peak, intensity x bandwidth), with the
-    ridge point (peak / bandwidth, FLOP/byte) marked (REFERENCE.md, "FLOPs, MFU,
+    ridge point (peak / bandwidth, FLOP/byte) marked (docs/reference.md, "FLOPs, MFU,
     roofline"). ``points``: ``(label, intensity_flop_per_byte, achieved_tflops)``; each is
     labelled with its fraction of the roof at its intensity."""
     for name, v in (("peak_tflops", peak_tflops), ("bandwidth_gbs", bandwidth_gbs)):
@@ -129,7 +129,7 @@ def latency_throughput(series: Mapping[str, Sequence[Sequence]], *, slo_ms: floa
     """Latency against throughput, one line per series (a server, a config). ``series``:
     ``{name: [(throughput, latency_ms), ...]}`` or triples with a point label (the
     concurrency or request rate). ``slo_ms`` draws the latency target. Say which latency
-    (TTFT, TPOT, p95 E2EL) in ``y_label``: REFERENCE.md, "LLM load metrics"."""
+    (TTFT, TPOT, p95 E2EL) in ``y_label``: docs/reference.md, "LLM load metrics"."""
     fig, (ax,) = _new_figure()
     for name, pts in series.items():
         pts = sorted(pts, key=lambda p: p[0])
@@ -152,7 +152,7 @@ def scaling(n_devices: Sequence[int], throughput: Sequence[float] | Mapping[str,
             unit: str = "tokens/s", title: str | None = None) -> Figure:
     """Throughput against device count, with the ideal (linear from the smallest count)
     dashed, and each point labelled with its scaling efficiency: throughput_N /
-    (N/N0 x throughput_N0) (REFERENCE.md, "FLOPs, MFU, roofline")."""
+    (N/N0 x throughput_N0) (docs/reference.md, "FLOPs, MFU, roofline")."""
     series = dict(throughput) if isinstance(throughput, Mapping) else {"measured": list(throughput)}
     fig, (ax,) = _new_figure()
     for name, ys in series.items():

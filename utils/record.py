@@ -3,7 +3,7 @@
 A record holds the fingerprint of the machine (``utils.hardware.fingerprint``, plus a
 hash of the ``utils/`` source that took the numbers) and named measurements, each with a
 unit and a note of how it was taken. The grader reads it when the grading machine has no
-GPU (DESIGN.md, "Grading on measured numbers", rule 5): it then checks plausibility,
+GPU (docs/grading.md, "Graded from a measurement record"): it then checks plausibility,
 internal consistency and the fingerprint instead of re-measuring.
 """
 from __future__ import annotations

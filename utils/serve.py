@@ -186,6 +186,7 @@ class Server:
         """SIGTERM to the engine's process group, SIGKILL after ``timeout_s``; idempotent."""
         if self._proc is not None:
             _kill_group(self._proc, timeout_s)
+            self._proc = None  # once its group is gone, its id may name another process's group
         if self._finalizer is not None:
             self._finalizer.detach()
 

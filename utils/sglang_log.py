@@ -54,7 +54,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from utils.kvcache import KVConfigError, KVSpec, gib_print_range
+from utils.kvcache import KVConfigError, KVSpec
+from utils.units import gib_print_range
 
 GB = 1 << 30  # SGLang's "GB" is 1024**3 bytes (memory_pool.py, model_runner.py)
 
@@ -117,7 +118,7 @@ def spec_kv_sizes(spec: KVSpec, tokens: int, tp_size: int = 1, page_size: int = 
 def tokens_range(avail_after_load_gb: float, pre_load_avail_gb: float, mem_fraction_static: float, cell_size: int,
                  *, page_size: int = 1, decimals: int = 2) -> tuple[int, int]:
     """``max_total_num_tokens`` for the lowest and highest memory that prints as the two
-    logged ``avail mem`` values (``%.2f``: +-0.005 GB each, :func:`utils.kvcache.gib_print_range`)."""
+    logged ``avail mem`` values (``%.2f``: +-0.005 GB each, :func:`utils.units.gib_print_range`)."""
     a_lo, a_hi = gib_print_range(avail_after_load_gb, decimals)
     b_lo, b_hi = gib_print_range(pre_load_avail_gb, decimals)
     lo = profile_max_num_token(a_lo / GB, b_hi / GB, mem_fraction_static, cell_size)
@@ -311,7 +312,7 @@ def sglang_kv_check(log_text: str | bytes, spec: KVSpec, *, tp_size: int = 1, pa
 
     * sizes: the K/V (or MLA KV) bytes SGLang allocates for the logged ``#tokens``
       (:func:`spec_kv_sizes`) must print as the logged value, within half a unit of its
-      last printed decimal (:func:`utils.kvcache.gib_print_range`);
+      last printed decimal (:func:`utils.units.gib_print_range`);
     * tokens, when the log also gives ``Load weight begin``/``end`` ``avail mem`` and
       ``mem_fraction_static`` (or it is passed): the logged ``#tokens`` must lie in
       :func:`tokens_range` (pre-load memory: the minimum over ranks, as SGLang takes it).

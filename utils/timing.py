@@ -5,9 +5,9 @@ is queued, often in a few microseconds, while the GPU runs it later. ``perf_coun
 around ``y = a @ b`` measures the queueing, and the real cost lands on whatever later
 call waits for the GPU (``loss.item()``, ``print(y)``, ``torch.cuda.synchronize()``).
 So: synchronise before reading a host clock, or time on the GPU's own timeline with CUDA
-events (REFERENCE.md, "Timing").
+events (docs/reference.md, "Timing").
 
-The recipe here follows ``triton.testing.do_bench`` and GPU MODE's evaluator (REFERENCE.md,
+The recipe here follows ``triton.testing.do_bench`` and GPU MODE's evaluator (docs/reference.md,
 "Timing"): run a few warm-up calls (lazy initialisation, cuBLAS heuristics, compilation),
 zero a 256 MB buffer before each timed run so no input sits in L2 from the previous run,
 time each run with a pair of CUDA events, and repeat (3 to 100 runs) until the relative
@@ -174,7 +174,7 @@ def benchmark(fn: Callable, *args: Any, warmup: int = 3, min_runs: int = 3, max_
     """Time ``fn(*args, **kwargs)``: ``warmup`` untimed calls, then timed runs until the
     relative standard error of the mean is below ``target_rse`` (after at least
     ``min_runs``), ``budget_s`` seconds of timed runs have passed, or ``max_runs`` is
-    reached, as GPU MODE's evaluator does (REFERENCE.md, "Timing").
+    reached, as GPU MODE's evaluator does (docs/reference.md, "Timing").
 
     On CUDA each run is bracketed by two CUDA events and, with ``flush_l2``, preceded by
     zeroing a 256 MB buffer as ``triton.testing.do_bench`` does, so small inputs are read

@@ -325,7 +325,7 @@ def nccl_info_lines(timeout_s: float = 120.0) -> list[str] | None:
     """NCCL's ``INFO`` lines from a one-rank all-reduce on GPU 0 (``NCCL_DEBUG=INFO``,
     ``NCCL_DEBUG_SUBSYS=INIT,GRAPH``), in a child process; None without CUDA or on failure.
 
-    NVLink multicast (NVLS) is switched off, as on any shared host (REFERENCE.md)."""
+    NVLink multicast (NVLS) is switched off, as on any shared host (docs/reference.md)."""
     try:
         import torch
     except ImportError:

@@ -15,7 +15,7 @@ received a gradient (a recipe that is lean because it trains nothing is not lean
 
 Memory on a CPU is accounted, not measured: there is no allocator peak to read, so
 :func:`measure_finetune` sums parameter, optimizer-state and gradient bytes and the bytes
-autograd saved for the backward pass (``torch.autograd.graph.saved_tensors_hooks``). On
+autograd saved for the backward pass (:func:`utils.memory.count_saved_bytes`). On
 CUDA the peak is ``torch.cuda.max_memory_allocated`` and the saved bytes are reported too.
 """
 from __future__ import annotations
@@ -26,7 +26,9 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-GIB = 2**30
+from utils import validate
+from utils.units import GIB
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINTING = ("none", "reentrant", "non-reentrant")
 
@@ -53,9 +55,7 @@ class LoopConfig:
 
     def __post_init__(self):
         for name in ("batch_size", "seq_len", "grad_accum", "pad_vocab_to"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"LoopConfig.{name} must be a positive integer, got {v!r}")
+            validate.positive_int(f"LoopConfig.{name}", getattr(self, name))
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"LoopConfig.num_workers must be an integer >= 0, got {self.num_workers!r}")
         if self.precision not in PRECISIONS:
@@ -233,7 +233,8 @@ def measure_loop(loop: TrainLoop, steps: int, warmup_steps: int = 3, monitor: bo
     (None on a CPU), mean GPU utilization and peak allocated memory (CUDA)."""
     import torch
 
-    from utils.nvml import GpuMonitor
+    from utils.flops import mfu_from_throughput
+    from utils.monitor import GpuMonitor
     from utils.timing import Stopwatch, device_sync
 
     if loop.device.type == "cuda":
@@ -252,7 +253,7 @@ def measure_loop(loop: TrainLoop, steps: int, warmup_steps: int = 3, monitor: bo
     peak = peak_tflops_for(loop.config.precision)
     out = {"tokens_per_s": s["tokens_per_s"], "median_ms": s["median_ms"], "p20_ms": s["p20_ms"],
            "p80_ms": s["p80_ms"], "steps": s["steps"], "method": s["method"],
-           "mfu": (s["tokens_per_s"] * loop.flops_per_token / 1e12 / peak) if peak else None,
+           "mfu": mfu_from_throughput(s["tokens_per_s"], loop.flops_per_token, peak) if peak else None,
            "peak_tflops": peak, "util_gpu_pct": None, "peak_allocated_gib": None}
     if monitor:
         stats = next(iter(mon.summary().values()), {})
@@ -383,43 +384,6 @@ def build_finetune(preset: str, recipe: FinetuneRecipe, device: Any = None):
     return model, note
 
 
-def _tensor_bytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        key = (t.untyped_storage().data_ptr(), t.device) if t.device.type != "meta" else id(t)
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.untyped_storage().nbytes()
-    return total
-
-
-@contextlib.contextmanager
-def count_saved_bytes(out: dict):
-    """Sum the bytes autograd saves for the backward pass inside the block into ``out['saved']``
-    (each storage once). Checkpointed layers save only their inputs, so this is what a
-    recipe's activations cost before the backward recomputes them."""
-    import torch
-
-    seen: set = set()
-    out.setdefault("saved", 0)
-
-    def pack(t):
-        try:
-            key = (t.untyped_storage().data_ptr(), t.device)
-            if key not in seen and t.device.type != "meta":
-                seen.add(key)
-                out["saved"] += t.untyped_storage().nbytes()
-        except (RuntimeError, NotImplementedError):  # tensor subclasses without a plain storage
-            pass
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield out
-
-
 def lora_grads_ok(model) -> bool:
     """Every trainable (LoRA) parameter has a non-zero-size gradient after a backward pass."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -441,6 +405,8 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
     """
     import torch
 
+    from utils.memory import count_saved_bytes, tensor_bytes
+    from utils.models import preset_config
     from utils.timing import Stopwatch
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -455,10 +421,8 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
     model, note = build_finetune(preset, recipe, device)
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
-    weights_b = (torch.cuda.memory_allocated(device) - base) if cuda else _tensor_bytes(params)
+    weights_b = (torch.cuda.memory_allocated(device) - base) if cuda else tensor_bytes(params)
     opt = torch.optim.AdamW(trainable, lr=1e-4)
-    from utils.models import preset_config
-
     vocab = preset_config(preset).vocab_size
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (batch_size, seq_len), generator=gen).to(device)
@@ -476,13 +440,13 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
             loss.backward()
             if i == 1:
                 grads_ok = lora_grads_ok(model)
-                grad_b = _tensor_bytes(p.grad for p in trainable)
+                grad_b = tensor_bytes(p.grad for p in trainable)
             opt.step()
             opt.zero_grad(set_to_none=True)
         if cuda and i == 1:
             torch.cuda.synchronize(device)
             peak_b = torch.cuda.max_memory_allocated(device) - base
-    opt_b = _tensor_bytes(t for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
+    opt_b = tensor_bytes(t for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
     if not cuda:
         peak_b = weights_b + opt_b + grad_b + saved.get("saved", 0)
     s = sw.summary()

@@ -1,23 +1,48 @@
 """Argument checks shared by the pure-maths modules: one-line ``ValueError``s that name
-the argument and the value, so a learner sees what to fix instead of a NaN downstream."""
+the argument and the value, so a learner sees what to fix instead of a NaN downstream.
+
+A number is a finite real (``int``, ``float``, NumPy scalars), never a ``bool``. ``error``
+lets a module raise its own ``ValueError`` subclass (``utils.kvcache.KVConfigError``) with
+the same message.
+"""
 from __future__ import annotations
 
 import math
+import numbers
 
 
 def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
 
 
-def positive(name: str, value: float) -> float:
-    """``value`` as a float if it is a finite number > 0, else ValueError."""
+def positive(name: str, value: float, error: type[ValueError] = ValueError) -> float:
+    """``value`` as a float if it is a finite number > 0, else ``error``."""
     if not _is_number(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+        raise error(f"{name} must be a positive number, got {value!r}")
     return float(value)
 
 
-def non_negative(name: str, value: float) -> float:
-    """``value`` as a float if it is a finite number >= 0, else ValueError."""
+def non_negative(name: str, value: float, error: type[ValueError] = ValueError) -> float:
+    """``value`` as a float if it is a finite number >= 0, else ``error``."""
     if not _is_number(value) or value < 0:
-        raise ValueError(f"{name} must be a non-negative number, got {value!r}")
+        raise error(f"{name} must be a non-negative number, got {value!r}")
     return float(value)
+
+
+def positive_int(name: str, value: int, error: type[ValueError] = ValueError) -> int:
+    """``value`` if it is an ``int`` >= 1 (not a ``bool``), else ``error``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def positives(error: type[ValueError] = ValueError, /, **values: float) -> None:
+    """:func:`positive` on each keyword argument, its name the keyword."""
+    for name, value in values.items():
+        positive(name, value, error)
+
+
+def non_negatives(error: type[ValueError] = ValueError, /, **values: float) -> None:
+    """:func:`non_negative` on each keyword argument, its name the keyword."""
+    for name, value in values.items():
+        non_negative(name, value, error)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.procs import ACCELERATE_LAUNCH, free_port, load_script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "post_train_trl.py"
 LAUNCH = ACCELERATE_LAUNCH
 

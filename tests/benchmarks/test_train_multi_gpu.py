@@ -1,4 +1,4 @@
-"""benchmarks/train_multi_gpu.py: a real two-process DDP run over gloo, the configs, bad input."""
+"""benchmarks/train_multi_gpu.py and its multi_gpu_*.py modules: a real two-process DDP run over gloo, bad input."""
 from __future__ import annotations
 
 import json
@@ -12,13 +12,16 @@ import pytest
 
 from tests.procs import ACCELERATE_LAUNCH, free_port, load_script
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "train_multi_gpu.py"
 CONFIGS = ROOT / "benchmarks" / "accelerate"
 LAUNCH = ACCELERATE_LAUNCH
 
 
-tmg = load_script(SCRIPT)
+tmg = load_script(SCRIPT)  # puts the repository root on sys.path: its modules import as benchmarks.*
+from benchmarks import multi_gpu_checks as checks  # noqa: E402
+from benchmarks import multi_gpu_measure as measure  # noqa: E402
+from benchmarks import multi_gpu_wrap as wrap  # noqa: E402
 
 
 def _one_line_error(capsys, rc: int, needle: str) -> None:
@@ -94,9 +97,9 @@ def test_ddp_profile_per_rank(ddp_run):
 
 
 def test_replica_check_catches_drift():
-    assert tmg.replicas_identical([608.4883984728442, 608.4883984728442])
-    assert not tmg.replicas_identical([608.4883984728442, 608.4884])  # one rank skipped an all-reduce
-    assert tmg.replicas_identical([1e12, 1e12 + 100.0])  # within float64 summation noise at that size
+    assert measure.replicas_identical([608.4883984728442, 608.4883984728442])
+    assert not measure.replicas_identical([608.4883984728442, 608.4884])  # one rank skipped an all-reduce
+    assert measure.replicas_identical([1e12, 1e12 + 100.0])  # within float64 summation noise at that size
 
 
 def test_ddp_record_fields(ddp_run):
@@ -118,7 +121,7 @@ def test_ddp_record_fields(ddp_run):
 @pytest.mark.parametrize("name, strategy", [("fsdp_full_shard.yaml", "FULL_SHARD"),
                                             ("fsdp_shard_grad_op.yaml", "SHARD_GRAD_OP")])
 def test_fsdp_configs_parse_with_accelerate(name, strategy):
-    cfg = tmg.check_config(CONFIGS / name)
+    cfg = checks.check_config(CONFIGS / name)
     assert cfg["distributed_type"] == "FSDP"
     assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] == strategy
     assert cfg["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "GPT2Block"
@@ -131,11 +134,11 @@ def test_fsdp_configs_parse_with_accelerate(name, strategy):
     args = launch_command_parser().parse_args(["--config_file", str(CONFIGS / name), "--num_processes", "2", "x.py"])
     env = prepare_multi_gpu_env(_validate_launch_command(args)[0])
     assert env["FSDP_SHARDING_STRATEGY"] == strategy
-    assert tmg.launch_family(env) == "FSDP1"  # what --baseline must match
+    assert checks.launch_family(env) == "FSDP1"  # what --baseline must match
 
 
 def test_fsdp2_config_reaches_the_launch_environment():
-    cfg = tmg.check_config(CONFIGS / "fsdp2_full_shard.yaml")
+    cfg = checks.check_config(CONFIGS / "fsdp2_full_shard.yaml")
     assert cfg["distributed_type"] == "FSDP" and cfg["fsdp_config"]["fsdp_version"] == 2
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_multi_gpu_env
@@ -144,11 +147,11 @@ def test_fsdp2_config_reaches_the_launch_environment():
                                                "--num_processes", "2", "x.py"])
     env = prepare_multi_gpu_env(_validate_launch_command(args)[0])
     assert env["FSDP_VERSION"] == "2" and env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
-    assert tmg.launch_family(env) == "FSDP2"  # what --baseline must match
+    assert checks.launch_family(env) == "FSDP2"  # what --baseline must match
 
 
 def test_ddp_config_parses():
-    assert tmg.check_config(CONFIGS / "ddp.yaml")["distributed_type"] == "MULTI_GPU"
+    assert checks.check_config(CONFIGS / "ddp.yaml")["distributed_type"] == "MULTI_GPU"
 
 
 @pytest.mark.parametrize("env, needle", [("ACCELERATE_USE_FSDP", "FSDP needs CUDA"),
@@ -169,7 +172,7 @@ def test_sharded_engines_refused_on_cpu(monkeypatch, capsys, tmp_path, env, need
 def test_deepspeed_configs_reach_the_launch_environment(stage):
     """Each ZeRO config parses with Accelerate's loader, and `accelerate launch` hands its
     processes DeepSpeed with that stage (what Accelerate's DeepSpeedPlugin reads)."""
-    cfg = tmg.check_config(CONFIGS / f"deepspeed_zero{stage}.yaml")
+    cfg = checks.check_config(CONFIGS / f"deepspeed_zero{stage}.yaml")
     assert cfg["distributed_type"] == "DEEPSPEED" and cfg["deepspeed_config"]["zero_stage"] == stage
     assert "gradient_clipping" not in cfg["deepspeed_config"]  # the script turns clipping off itself
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
@@ -182,7 +185,7 @@ def test_deepspeed_configs_reach_the_launch_environment(stage):
     args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
     _, env = prepare_deepspeed_cmd_env(args)
     assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == str(stage)
-    assert tmg.launch_family(env) == f"DeepSpeed ZeRO-{stage}"  # what --baseline must match
+    assert checks.launch_family(env) == f"DeepSpeed ZeRO-{stage}"  # what --baseline must match
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -197,7 +200,7 @@ def test_deepspeed_checks_on_a_gpu_machine(monkeypatch, capsys, tmp_path, argv, 
     import importlib.util
 
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setattr(tmg, "_cpu_run", lambda: False)
+    monkeypatch.setattr(checks, "cpu_run", lambda: False)
     installed = bool(argv)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -315,7 +318,7 @@ def test_compile_scope_needs_compile(capsys, tmp_path):
 
 def test_compile_scope_loss_is_not_for_fsdp(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # as accelerate launch sets it for an FSDP config
-    monkeypatch.setattr(tmg, "_cpu_run", lambda: False)  # on a CPU FSDP itself is refused first
+    monkeypatch.setattr(checks, "cpu_run", lambda: False)  # on a CPU FSDP itself is refused first
     rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", "--compile", "--compile-scope", "loss"])
     _one_line_error(capsys, rc, "--compile-scope loss is for DDP and one process")
 
@@ -403,7 +406,7 @@ def test_ddp_headroom_modes_refuse_the_wrong_launch(monkeypatch, capsys, tmp_pat
     needs one plain process."""
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(tmg, "_cpu_run", lambda: False)
+    monkeypatch.setattr(checks, "cpu_run", lambda: False)
     rc = tmg.main(["--out", str(tmp_path / "x.json"), "--preset", "gpt2-tiny", *flags])
     _one_line_error(capsys, rc, needle)
 
@@ -441,7 +444,7 @@ def test_ddp_one_process_no_sync_is_ddps_own():
     ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
     torch.nn.Module.__init__(ddp)
     ddp.require_backward_grad_sync = True
-    with tmg._no_sync(types.SimpleNamespace(), ddp):  # Accelerate's would do nothing on one process
+    with wrap.no_sync(types.SimpleNamespace(), ddp):  # Accelerate's would do nothing on one process
         assert ddp.require_backward_grad_sync is False
     assert ddp.require_backward_grad_sync is True
 
@@ -459,10 +462,10 @@ def test_launch_family_names_what_scaling_names():
     """The launch's wrapper, from accelerate launch's environment, in utils.scaling's names."""
     from utils.scaling import wrapper_family
 
-    assert tmg.launch_family({}) == wrapper_family({"distributed_type": "MULTI_GPU"}) == "DDP"
-    assert tmg.launch_family({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}) == \
+    assert checks.launch_family({}) == wrapper_family({"distributed_type": "MULTI_GPU"}) == "DDP"
+    assert checks.launch_family({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}) == \
         wrapper_family({"distributed_type": "FSDP", "fsdp_version": 2}) == "FSDP2"
-    assert tmg.launch_family({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}) == \
+    assert checks.launch_family({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "1"}) == \
         wrapper_family({"distributed_type": "DEEPSPEED", "sharding_strategy": "DeepSpeed ZeRO-1"}) == "DeepSpeed ZeRO-1"
 
 
@@ -549,4 +552,4 @@ def test_every_run_gpu_line_parses_and_validates(tmp_path):
             i = argv.index("--baseline")
             del argv[i:i + 2]
         args = tmg.parse_args(argv)
-        assert tmg.validate(args) is None, argv
+        assert checks.validate(args) is None, argv

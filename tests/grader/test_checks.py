@@ -1,4 +1,4 @@
-"""grader.checks and grader.phase0 helpers, and the grader's input handling: fast, no kernels."""
+"""grader.checks, grader.tamper and phase 0 record helpers, and the grader's input handling: fast, no kernels."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from grader import checks, phase0
+from grader import checks, tamper
 from grader.submissions import SubmissionError, find_submissions, read_notebook, restore_deleted_cells
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Times:
@@ -28,14 +28,14 @@ class Times:
 def test_clean_environment_reports_nothing():
     import torch  # noqa: F401  (the CUDA timing calls are checked once torch is imported)
 
-    assert checks.tamper_report() == []
+    assert tamper.tamper_report() == []
 
 
 def test_patched_utils_function_is_caught(monkeypatch):
     import utils.timing
 
     monkeypatch.setattr(utils.timing, "benchmark", lambda *a, **k: None)
-    assert "utils.timing.benchmark" in checks.tamper_report()
+    assert "utils.timing.benchmark" in tamper.tamper_report()
     with pytest.raises(AssertionError, match="utils.timing.benchmark"):
         checks.assert_untampered()
 
@@ -75,11 +75,11 @@ def test_patched_method_and_swapped_module_are_caught(monkeypatch):
 
     monkeypatch.setattr(utils.timing.TimingResult, "__str__", lambda self: "fast")
     monkeypatch.setattr(utils.timing, "time", types.SimpleNamespace(perf_counter=time.perf_counter))
-    bad = checks.tamper_report()
+    bad = tamper.tamper_report()
     assert "utils.timing.TimingResult.__str__" in bad
     assert "utils.timing.time (a module swapped for a fake)" in bad
     monkeypatch.setattr(utils.timing, "time", types.ModuleType("time"))
-    assert "utils.timing.time (a module swapped for a fake)" in checks.tamper_report()
+    assert "utils.timing.time (a module swapped for a fake)" in tamper.tamper_report()
 
 
 def test_patched_clocks_are_caught(monkeypatch):
@@ -89,17 +89,38 @@ def test_patched_clocks_are_caught(monkeypatch):
     monkeypatch.setattr(time, "perf_counter", lambda: real() * 0.5)
     monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, end: 0.001)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    bad = checks.patched_timers()
+    bad = tamper.patched_timers()
     assert {"time.perf_counter", "torch.cuda.Event.elapsed_time", "torch.cuda.synchronize"} <= set(bad)
     monkeypatch.setattr(time, "perf_counter", time.monotonic)  # another real clock under the same name
-    assert "time.perf_counter" in checks.patched_timers()
+    assert "time.perf_counter" in tamper.patched_timers()
+
+
+def test_rebound_constant_is_caught(monkeypatch):
+    import utils.operating_point
+
+    checks.assert_constants_unchanged(("utils.operating_point",))
+    monkeypatch.setattr(utils.operating_point, "HEADROOM", 0.01)
+    with pytest.raises(AssertionError, match="utils.operating_point.HEADROOM"):
+        checks.assert_constants_unchanged(("utils.operating_point",))
+
+
+def test_phase_loader_is_fresh_and_cannot_be_rebound():
+    import sys
+
+    import grader
+
+    p0 = grader.phase(0)
+    assert p0.checks is not checks and p0.records.checks is p0.checks and p0.checks.tamper is not tamper
+    assert not any(name.startswith("_gpulab_fresh_") for name in sys.modules)
+    with pytest.raises(AttributeError, match="cannot be changed"):
+        grader.phase = lambda n: None
 
 
 def test_a_decorated_original_is_not_a_false_alarm():
     import utils.timing
 
     # Stopwatch.step is a @contextmanager: the check unwraps it and finds the original code
-    assert checks.function_is_original(utils.timing.Stopwatch.__dict__["step"], utils.timing.__file__, "Stopwatch.step")
+    assert tamper.function_is_original(utils.timing.Stopwatch.__dict__["step"], utils.timing.__file__, "Stopwatch.step")
 
 
 # -- numbers and bands ----------------------------------------------------------------------
@@ -198,12 +219,6 @@ def test_record_from_other_utils_or_unknown_gpu_is_refused(tmp_path, monkeypatch
         checks.record_spec(_record(tmp_path, name="Mystery GPU 9000"))
     with pytest.raises(AssertionError, match="more than its datasheet"):
         checks.record_spec(_record(tmp_path, memory_gib=400.0))
-
-
-def test_limiter_rule():
-    assert phase0.limiter_rule(0.8, 0.9) == "overhead"
-    assert phase0.limiter_rule(0.1, 0.5) == "compute"
-    assert phase0.limiter_rule(0.1, 0.2) == "memory"
 
 
 # -- submissions ----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from grader.submissions import (
 )
 from tests.nbcells import gid, messages, scores
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 A = "hx"  # the tiny assignment
 TIMEOUT_S = 20
 
@@ -191,8 +191,10 @@ def graded(released, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(batch, "prepare", crashes_once)
+        # screen=False: these are the defences inside the kernel, behind the static screen
+        # (tests/grader/test_screen.py), for an instructor who grades a flagged notebook anyway
         results = batch.grade_batch(A, found + [gone, crash], out, jobs=2, timeout_s=TIMEOUT_S, progress=False,
-                                    source_dir=source)
+                                    source_dir=source, screen=False)
     pids = []
     ag = out / "autograded" / "daemon" / f"{A}.ipynb"
     if ag.is_file():
@@ -377,3 +379,13 @@ def test_grader_paths_cannot_be_rebound_and_a_patched_gpu_probe_is_caught(monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(AssertionError, match="is_available was patched"):
         checks.gpu_here()
+
+
+@pytest.mark.parametrize("code", [CLEAR_ERRORS, PARTIAL_CREDIT, REBIND_ROOT, OWN_RECORD, EDIT_ON_DISK, WRITE_GRADEBOOK,
+                                  DAEMON], ids=["clears_errors", "partial_credit", "rebinds_root", "own_record",
+                                                "edits_grader", "writes_gradebook", "daemon"])
+def test_the_screen_holds_each_of_these_before_it_runs(code, released):
+    from grader.screen import screen_notebook
+
+    _, rel = released
+    assert screen_notebook(_after(copy.deepcopy(rel), "setup", code), rel), code

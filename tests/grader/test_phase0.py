@@ -24,7 +24,7 @@ from tests.nbcells import messages as _messages
 from tests.nbcells import scores as _scores
 from tests.nbcells import src as _src
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "grader" / "source" / "00_foundations" / "00_foundations.ipynb"
 RELEASE = ROOT / "notebooks" / "00_foundations.ipynb"
 PURE = {"test_intensity": 1.0, "test_rates": 2.0, "test_bound": 2.0}
@@ -186,7 +186,10 @@ def batch(tmp_path_factory):
     (layout / "00_foundations.ipynb").write_text(json.dumps(answered()))
     (layout / "00_foundations.record.json").write_text(json.dumps(gpu_record()))
 
-    return autograde(ROOT, "00_foundations", subs, out, jobs=2, timeout_s=TIMEOUT_S, quiet=False, wait_s=900)
+    # --no-screen: these hostile notebooks test the defences inside the kernel, behind the screen
+    # (test_the_screen_holds_the_hostile_ones_before_they_run)
+    return autograde(ROOT, "00_foundations", subs, out, "--no-screen", jobs=2, timeout_s=TIMEOUT_S, quiet=False,
+                     wait_s=900)
 
 
 def test_reference_scores_full_marks(batch):
@@ -235,6 +238,17 @@ def test_rebinding_or_patching_the_grader_in_the_notebook_changes_nothing(batch)
     assert all(scores[c] == 2 for c in ("test_rates", "test_bound", "test_memory", "test_training")), _messages(r)
 
 
+def test_the_screen_holds_the_hostile_ones_before_they_run(batch):
+    from grader.screen import screen_notebook
+
+    release = _load(RELEASE)
+    for name in ("patched_perf_counter", "patched_elapsed_time", "rebinds_grader"):
+        found = screen_notebook(json.loads((batch["subs"] / f"{name}.ipynb").read_text()), release)
+        assert found and all(f.cell == "matmul_answer" for f in found), (name, found)
+    for name in ("reference", "kernel_dies", "deleted_cells"):
+        assert screen_notebook(json.loads((batch["subs"] / f"{name}.ipynb").read_text()), release) == [], name
+
+
 def test_deleted_cells_are_restored_with_a_status_line(batch):
     r = batch["results"]["deleted_cells"]
     assert r["status"].startswith("graded; restored 3 deleted cell(s)"), r["status"]
@@ -253,6 +267,7 @@ def test_a_dead_kernel_does_not_pass(batch):
     r = batch["results"]["kernel_dies"]
     assert "kernel died" in r["status"]
     assert r["score"] == 0
+    assert any("graded again" in n for n in r["notes"]), r["notes"]  # a machine's kill is retried once
 
 
 def test_gpu_record_is_graded_from_record_on_a_cpu_grader(batch):

@@ -16,7 +16,7 @@ from tests.nbcells import gid as _gid
 from tests.nbcells import scores as _scores
 from tests.nbcells import src as _src
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "grader" / "source" / "01_single_gpu" / "01_single_gpu.ipynb"
 RELEASE = ROOT / "notebooks" / "01_single_gpu.ipynb"
 MAX = 14

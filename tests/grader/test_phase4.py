@@ -12,6 +12,7 @@ that names it. About two minutes on two cores.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -20,12 +21,12 @@ from types import SimpleNamespace
 import pytest
 
 from tests.nbcells import cell as _cell
-from tests.nbcells import check_each, load_phase, points
+from tests.nbcells import check_each, points
 from tests.nbcells import gid as _gid
 from tests.nbcells import scores as _scores
 from tests.nbcells import src as _src
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENT = "04_benchmarking_production"
 SOURCE = ROOT / "grader" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
@@ -100,11 +101,8 @@ def _metrics(**replace):
 
 
 @pytest.fixture()
-def phase4(monkeypatch, tmp_path):
-    """grader/phase4.py loaded as a hidden test loads it (optionally with a submitted record)."""
-    def load(record: dict | None = None):
-        return load_phase(ROOT / "grader" / "phase4.py", monkeypatch, tmp_path, record)
-    return load
+def phase4(phase):
+    return functools.partial(phase, 4)
 
 
 def test_solution_passes_the_pure_checks(phase4):
@@ -114,7 +112,7 @@ def test_solution_passes_the_pure_checks(phase4):
     p4.check_metrics(latency_metrics, p4.random_trace(11))
     sweeps = p4.random_sweeps(3)
     p4.check_capacity(_solution("capacity_answer", "### BEGIN SOLUTION\nCAPACITY")["capacity_rate"], sweeps[0],
-                      p4.reference_capacity(sweeps[0]), p4.HEADROOM * p4.reference_capacity(sweeps[0]))
+                      p4.records.reference_capacity(sweeps[0]), p4.records.HEADROOM * p4.records.reference_capacity(sweeps[0]))
     p4.check_scrape(_solution("scrape_answer", "\nscraped = ")["scrape"])
     import yaml
 
@@ -147,7 +145,7 @@ def test_other_mistakes_fail(phase4):
     with pytest.raises(AssertionError, match="capacity_rate"):
         p4.check_capacity(wrong_cap, sw, 1.0, 0.7)
     with pytest.raises(AssertionError, match="OPERATING_RATE"):
-        cap = p4.reference_capacity(sw)
+        cap = p4.records.reference_capacity(sw)
         p4.check_capacity(_solution("capacity_answer", "### BEGIN SOLUTION\nCAPACITY")["capacity_rate"], sw, cap, cap)
     no_init = _solution("gpu_limits_answer", "\nprint(", **{'(spec.get("initContainers") or []) + ': ""})["gpu_limits"]
     with pytest.raises(AssertionError, match="made-up manifests"):
@@ -271,7 +269,7 @@ def _record_checks(p4):
 
 def test_plausible_record_passes_every_record_check(phase4, tmp_path, capsys):
     p4 = phase4(h100_record(tmp_path))
-    assert p4.checks.grading_mode() == p4.RECORD
+    assert p4.checks.grading_mode() == p4.checks.RECORD
     _record_checks(p4)
     out = capsys.readouterr().out
     assert out.count("graded from record") == 3 and "NVIDIA H100" in out

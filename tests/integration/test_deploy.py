@@ -8,10 +8,10 @@ The fake vLLM exposes vLLM's own metric names, label names and histogram buckets
 ``vllm:inter_token_latency_seconds`` and ``vllm:request_time_per_output_token_seconds``
 replaced 0.10's ``vllm:time_per_output_token_seconds``), through prometheus_client as vLLM
 does. The engine panels (the dashboard's vLLM row) are also evaluated on a real vLLM server (the
-session's CPU build, ``vllm_server`` in conftest.py) scraped by a real Prometheus after a short
-load from utils.loadgen: numbers, and latency quantiles within what the load generator saw. Tools
-missing here are a skip with the reason; in CI (``CI=true``), where .ci/install-services.sh and
-requirements-dev.txt install them, they are a failure."""
+CPU build that ``vllm_server`` in conftest.py starts once per test run) scraped by a real
+Prometheus after a short load from utils.loadgen: numbers, and latency quantiles within what
+the load generator saw. Tools missing here are a skip with the reason; in CI (``CI=true``),
+where .ci/install-services.sh and requirements-dev.txt install them, they are a failure."""
 from __future__ import annotations
 
 import contextlib
@@ -34,11 +34,13 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from tests.fake_pynvml import FakePynvml, fake_nvml
 from tests.procs import free_port
-from tests.test_exporter import FakePynvml, fake_nvml
+from utils import dcgm_metrics as dm
 from utils import exporter as ex
+from utils import nvml_collector as nc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboard.json"
 PROM_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
@@ -109,6 +111,15 @@ def test_dockerfile_stages_pinned_non_root_with_healthcheck():
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
     for copied in re.findall(r"utils/\S+\.py", text):
         assert f"!{copied}" in ignore, f"{copied} is copied but excluded from the build context"
+
+
+def test_exporter_image_copies_every_module_the_exporter_imports():
+    copied = set(re.findall(r"utils/\S+\.py", (DEPLOY / "Dockerfile").read_text()))
+    code = "import sys, utils.exporter; print(' '.join(m for m in sys.modules if m.split('.')[0] == 'utils'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    needed = {"utils/__init__.py" if m == "utils" else m.replace(".", "/") + ".py" for m in proc.stdout.split()}
+    assert needed <= copied, f"the exporter image lacks {sorted(needed - copied)}"
 
 
 # -- Kubernetes manifests -------------------------------------------------------------------------
@@ -281,7 +292,7 @@ def gpu_exporter():
     module: the fake NVML is process-wide, so the two Prometheus fixtures share it."""
     with fake_nvml(FakePynvml(n_gpus=2)):
         reg = CollectorRegistry()
-        exporter = ex.NvmlExporter(registry=reg, interval_s=0.1, hostname="test-node", k8s_labels={},
+        exporter = nc.NvmlExporter(registry=reg, interval_s=0.1, hostname="test-node", k8s_labels={},
                                    log=lambda line: None)
         exporter.start()
         try:
@@ -444,7 +455,7 @@ def test_dashboard_variables_have_values(prometheus):
 
 def test_prometheus_sees_dcgm_types_and_the_exporter_values(prometheus):
     meta = _get_json(f"{prometheus}/api/v1/metadata")["data"]
-    for spec in ex.DCGM_METRICS:
+    for spec in dm.DCGM_METRICS:
         assert meta[spec.name][0]["type"] == spec.kind, spec.name
     body = _get_json(f"{prometheus}/api/v1/query?query=DCGM_FI_DEV_POWER_USAGE")
     got = {r["metric"]["gpu"]: float(r["value"][1]) for r in body["data"]["result"]}
@@ -461,7 +472,7 @@ LOAD = {"num_requests": 16, "input_len": 32, "output_len": 16, "concurrency": 2}
 
 @pytest.fixture(scope="module")
 def real_vllm_load(vllm_server, gpu_exporter, tmp_path_factory):
-    """A real Prometheus scraping the exporter and a real vLLM server (the session's, CPU build)
+    """A real Prometheus scraping the exporter and a real vLLM server (conftest.py's shared one, CPU build)
     while the course's load generator sends it a short load; what the panels are evaluated on:
     ``base`` (Prometheus), ``at`` (a moment after a scrape that saw every request finished),
     ``window`` (seconds back from ``at`` to before the load: Grafana's range and rate interval

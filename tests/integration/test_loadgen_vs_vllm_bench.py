@@ -7,7 +7,7 @@ import pytest
 
 from tests.procs import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 bench = load_script(ROOT / "benchmarks" / "loadgen_vs_vllm_bench.py", "loadgen_vs_vllm_bench")
 
 # A ``vllm bench serve --save-result`` file as vLLM 0.32 writes it (fields trimmed).

@@ -28,10 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import VLLM_MAX_MODEL_LEN
 from tests.nbcells import cell, src
-from utils import kvcache, loadgen, serve
+from utils import kvcache, loadgen, serve, vllm_kv, vllm_log
+from utils.units import GIB
 
 pytestmark = pytest.mark.slow
-GIB = 1024**3
 LAB03 = "grader/source/03_inference_serving/03_inference_serving.ipynb"
 
 
@@ -45,7 +45,7 @@ def lab03_calculator():
 
 
 def _formulas(version: str) -> dict:
-    token, conc = kvcache.vllm_formulas(version)
+    token, conc = vllm_kv.vllm_formulas(version)
     return {"token_formula": token, "concurrency_formula": conc}
 
 
@@ -54,9 +54,9 @@ def _check_allocation(server: serve.Server, calc, dtype: str = "bf16") -> None:
     f = server.facts
     spec = kvcache.from_hf_config(server.model_dir / "config.json",
                                   kv_dtype="fp8" if server.options.kv_cache_dtype else None)
-    log = kvcache.parse_vllm_log(server.log_text())
+    log = vllm_log.parse_vllm_log(server.log_text())
     assert f.block_size and f.num_blocks and f.kv_cache_gib, f
-    plan = kvcache.vllm_plan(spec, f.max_model_len, round(f.kv_cache_gib * GIB), block_size=f.block_size,
+    plan = vllm_kv.vllm_plan(spec, f.max_model_len, round(f.kv_cache_gib * GIB), block_size=f.block_size,
                              **_formulas(f.version))
     assert plan.num_blocks == f.num_blocks
     assert plan.kv_tokens == f.kv_cache_tokens == log.kv_tokens

@@ -1,6 +1,7 @@
-"""utils.checkpoint: RNG capture, the resumable loader, DCP save/load, and a real SIGKILL + resume.
+"""utils.checkpoint (RNG capture, DCP save/load, digests), utils.checkpointed_run (the resumable
+loader, the loop) and utils.kill_harness (a real SIGKILL + resume).
 
-The kill-and-resume tests run real processes (``python -m utils.checkpoint run``) on the CPU:
+The kill-and-resume tests run real processes (``python -m utils.checkpointed_run run``) on the CPU:
 the uninterrupted reference and a run SIGKILLed after a step this test picks, then its
 resume. One experiment with the module's own RNG functions must end bit-identical; one with a
 restore that forgets Python's ``random`` must be caught. About 30 s on two cores.
@@ -19,9 +20,11 @@ import pytest
 import torch
 
 from utils import checkpoint as ck
+from utils import checkpointed_run as cr
+from utils import kill_harness as kh
 
-ROOT = Path(__file__).resolve().parent.parent
-CFG = ck.RunConfig()  # gpt2-tiny, 12 steps, a checkpoint every 4, epochs of 4 steps
+ROOT = Path(__file__).resolve().parents[2]
+CFG = cr.RunConfig()  # gpt2-tiny, 12 steps, a checkpoint every 4, epochs of 4 steps
 
 
 def _draws():
@@ -40,24 +43,24 @@ def test_loader_resumes_mid_epoch_and_across_epochs():
     blocks = torch.arange(6 * 10).reshape(6, 10)
     random.seed(1)
     np.random.seed(1)
-    a = ck.ShuffledBlocks(blocks, batch_size=2, seq_len=8)
+    a = cr.ShuffledBlocks(blocks, batch_size=2, seq_len=8)
     for _ in range(2):
         a.next_batch()
     saved, rng = a.state_dict(), ck.capture_rng_state()
     rest = [a.next_batch() for _ in range(5)]  # the rest of epoch 0 and into epochs 1 and 2
     assert a.epoch == 2
-    b = ck.ShuffledBlocks(blocks, batch_size=2, seq_len=8)
+    b = cr.ShuffledBlocks(blocks, batch_size=2, seq_len=8)
     b.load_state_dict(saved)
     ck.restore_rng_state(rng)
     assert all(torch.equal(x, y) for x, y in zip(rest, (b.next_batch() for _ in range(5)), strict=True))
     with pytest.raises(ValueError, match="batch_size"):
-        ck.ShuffledBlocks(blocks, batch_size=7, seq_len=8)
+        cr.ShuffledBlocks(blocks, batch_size=7, seq_len=8)
 
 
-def _trained(cfg: ck.RunConfig, steps: int = 3):
-    model, opt, sched, loader = ck.build(cfg)
+def _trained(cfg: cr.RunConfig, steps: int = 3):
+    model, opt, sched, loader = cr.build(cfg)
     for _ in range(steps):
-        ck.train_step(model, opt, sched, loader.next_batch())
+        cr.train_step(model, opt, sched, loader.next_batch())
     return model, opt, sched, loader
 
 
@@ -73,7 +76,7 @@ def test_save_then_load_is_bit_identical_and_a_snapshot(tmp_path, monkeypatch, m
         for p in model.parameters():
             p.add_(1.0)
     saver.wait()
-    fresh, fresh_opt, _, _ = ck.build(CFG)
+    fresh, fresh_opt, _, _ = cr.build(CFG)
     extra = saver.load(saver.latest(), fresh, fresh_opt)
     assert extra == {"step": 3, "note": "x"}
     assert (ck.digest(fresh.state_dict()), ck.digest(fresh_opt.state_dict())) == before
@@ -107,31 +110,31 @@ def test_digests_tell_every_component_apart():
 
 def test_config_and_hooks_errors_are_one_line(tmp_path):
     with pytest.raises(ValueError, match="GPT-2 preset"):
-        ck.RunConfig(preset="llama-tiny")
+        cr.RunConfig(preset="llama-tiny")
     with pytest.raises(ValueError, match="positive integer"):
-        ck.RunConfig(steps=0)
+        cr.RunConfig(steps=0)
     with pytest.raises(ValueError, match="unknown RunConfig fields: stepz"):
-        ck.RunConfig.from_json('{"stepz": 3}')
+        cr.RunConfig.from_json('{"stepz": 3}')
     with pytest.raises(ValueError, match="cannot read the source"):
-        ck.write_hooks(tmp_path / "h.py", len)
+        cr.write_hooks(tmp_path / "h.py", len)
     bad = tmp_path / "bad.py"
     bad.write_text("x = 1\n")
     with pytest.raises(ValueError, match="must define capture_rng_state"):
-        ck.load_hooks(bad)
+        cr.load_hooks(bad)
     with pytest.raises(ValueError, match="kill_after_step must be between"):
-        ck.kill_and_resume(tmp_path / "k", CFG, 2)
+        kh.kill_and_resume(tmp_path / "k", CFG, 2)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("")
     with pytest.raises(ValueError, match="not empty"):
-        ck.kill_and_resume(tmp_path / "busy", CFG, 6)
-    proc = subprocess.run([sys.executable, "-m", "utils.checkpoint", "run", "--out", str(tmp_path / "r"), "--config",
+        kh.kill_and_resume(tmp_path / "busy", CFG, 6)
+    proc = subprocess.run([sys.executable, "-m", "utils.checkpointed_run", "run", "--out", str(tmp_path / "r"), "--config",
                            '{"steps": -1}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error: RunConfig.steps")
 
 
 def test_write_hooks_ships_notebook_style_functions(tmp_path):
-    path = ck.write_hooks(tmp_path / "hooks.py", ck.capture_rng_state, ck.restore_rng_state)
-    capture, restore = ck.load_hooks(path)
+    path = cr.write_hooks(tmp_path / "hooks.py", ck.capture_rng_state, ck.restore_rng_state)
+    capture, restore = cr.load_hooks(path)
     state = capture()
     first = _draws()
     restore(state)
@@ -139,10 +142,10 @@ def test_write_hooks_ships_notebook_style_functions(tmp_path):
 
 
 def test_checkpoint_overhead_is_measured(tmp_path):
-    res = ck.measure_checkpoint_overhead(CFG, tmp_path, steps=3, repeats=2)
+    res = cr.measure_checkpoint_overhead(CFG, tmp_path, steps=3, repeats=2)
     for key in ("step", "sync_save", "async_blocking", "async_total"):
         assert res[key].median_ms > 0 and res[key].runs >= 1
-    model, *_ = ck.build(CFG)
+    model, *_ = cr.build(CFG)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     assert res["checkpoint_bytes"] >= 3 * weights  # weights and AdamW's two moments
     assert res["async_native"] is True
@@ -166,7 +169,7 @@ FORGETS_PYTHON_RNG = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory):
-    return ck.kill_and_resume(tmp_path_factory.mktemp("resume"), CFG, kill_after_step=6, timeout_s=240)
+    return kh.kill_and_resume(tmp_path_factory.mktemp("resume"), CFG, kill_after_step=6, timeout_s=240)
 
 
 @pytest.mark.slow
@@ -182,7 +185,7 @@ def test_sigkill_and_resume_ends_bit_identical(experiment):
 def test_a_restore_that_forgets_an_rng_is_caught(experiment, tmp_path):
     hooks = tmp_path / "hooks.py"
     hooks.write_text(FORGETS_PYTHON_RNG)
-    r = ck.kill_and_resume(tmp_path / "run", CFG, 9, hooks_file=hooks, reference=experiment["reference"], timeout_s=240)
+    r = kh.kill_and_resume(tmp_path / "run", CFG, 9, hooks_file=hooks, reference=experiment["reference"], timeout_s=240)
     assert r["resumed_from"] == 8
     assert not r["identical"]
     # step 9 starts a new epoch, whose order comes from Python's random: the data and so the model drift
@@ -196,4 +199,4 @@ def test_a_crashing_restore_gives_a_one_line_reason(tmp_path):
     hooks.write_text("def capture_rng_state():\n    return {}\n\ndef restore_rng_state(state):\n    state['torch']\n")
     cfg = replace(CFG, steps=6)
     with pytest.raises(RuntimeError, match=r"exited \(1\) before 'done': KeyError: 'torch'"):
-        ck.kill_and_resume(tmp_path / "run", cfg, 4, hooks_file=hooks, reference={"config": asdict(cfg)}, timeout_s=240)
+        kh.kill_and_resume(tmp_path / "run", cfg, 4, hooks_file=hooks, reference={"config": asdict(cfg)}, timeout_s=240)

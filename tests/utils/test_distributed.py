@@ -31,13 +31,13 @@ from utils.distributed import (
 )
 
 EXACT = {"rel": 1e-12}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- scaling ----------------------------------------------------------------------------------
 
 
 def test_scaling_efficiency_per_device_and_total():
-    # REFERENCE.md: 194.0k tokens/s on one H200, 192.1k per GPU on two -> 99.0%
+    # docs/reference.md: 194.0k tokens/s on one H200, 192.1k per GPU on two -> 99.0%
     assert scaling_efficiency(192.1e3, 194.0e3, 2, per_device=True) == pytest.approx(192.1 / 194.0, **EXACT)
     assert scaling_efficiency(2 * 192.1e3, 194.0e3, 2) == pytest.approx(192.1 / 194.0, **EXACT)
     assert scaling_efficiency(700, 100, 8) == pytest.approx(0.875, **EXACT)

@@ -1,7 +1,7 @@
 """Platform detection, smoke mode and size tiers."""
 import pytest
 
-from utils import env
+from utils import env, xla
 
 
 def test_platform_detection(monkeypatch):
@@ -46,3 +46,12 @@ def test_phase_sizes_grow_with_tier_and_unknown_phase_is_named():
 
 def test_repo_root_holds_utils():
     assert (env.repo_root() / "utils" / "env.py").is_file()
+
+
+def test_phase5_sizes_are_consistent_per_tier():
+    for tier in env.TIERS:
+        s = env.phase_sizes("05_hardware_and_cost", tier)
+        assert s.ckpt_every <= s.kill_after < s.ckpt_steps  # the notebook's kill leaves a checkpoint behind
+        assert s.kill_after != min(s.ckpt_steps - 1, 2 * s.ckpt_every + 1)  # the grader kills elsewhere
+        assert len(s.decode_batches) >= 3 and s.new_tokens >= 2 and s.prompt_len + s.new_tokens <= 1024
+        assert len(set(s.xla_lengths)) > len(xla.pow2_buckets(max(s.xla_lengths), min(s.xla_lengths)))

@@ -1,10 +1,16 @@
-"""utils.flops: FLOPs per token, MFU, roofline and bound classification."""
+"""utils.flops: FLOPs per token, MFU, roofline and bound classification, and phase 0's
+batch-size experiment and step limiter (the same verdicts as the notebook and the grader)."""
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from tests.nbcells import cell, src
 from utils import flops as F
+
+PHASE0 = Path(__file__).resolve().parents[2] / "grader/source/00_foundations/00_foundations.ipynb"
 
 # GPT-2 small (openai-community/gpt2 config: 12 layers, 12 heads, width 768, 1024 positions,
 # vocab 50257). nanoGPT's get_num_params() prints "number of parameters: 123.65M" for it:
@@ -150,23 +156,97 @@ def test_kernel_helpers():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: F.matmul_flops(-1, 2, 3), "m must be >= 0"),
-    (lambda: F.matmul_bytes(2, 2, 2, 0), "dtype_bytes must be > 0"),
-    (lambda: F.elementwise_bytes(-5, 4), "numel must be >= 0"),
-    (lambda: F.ridge_point(989, 0), "bandwidth_gbs must be > 0"),
-    (lambda: F.attainable_tflops(1.0, 989, 0), "bandwidth_gbs must be > 0"),
-    (lambda: F.attainable_tflops(-1.0, 989, 4800), "intensity must be >= 0"),
-    (lambda: F.arithmetic_intensity(10, 0), "bytes_moved must be > 0"),
-    (lambda: F.mfu(1e12, 0), "peak_tflops must be > 0"),
-    (lambda: F.mfu_from_throughput(-1, 1e9, 989), "tokens_per_s must be >= 0"),
-    (lambda: F.transformer_flops_per_token(1e6, -2, 4, 16, 128), "n_layers must be >= 0"),
-    (lambda: F.transformer_flops_per_token(math.nan, 2, 4, 16, 128), "must be a number"),
-    (lambda: F.bound(1.0, 989, 4800, achieved_tflops=-1), "achieved_tflops must be >= 0"),
+    (lambda: F.matmul_flops(-1, 2, 3), "m must be a non-negative number"),
+    (lambda: F.matmul_bytes(2, 2, 2, 0), "dtype_bytes must be a positive number"),
+    (lambda: F.elementwise_bytes(-5, 4), "numel must be a non-negative number"),
+    (lambda: F.ridge_point(989, 0), "bandwidth_gbs must be a positive number"),
+    (lambda: F.attainable_tflops(1.0, 989, 0), "bandwidth_gbs must be a positive number"),
+    (lambda: F.attainable_tflops(-1.0, 989, 4800), "intensity must be a non-negative number"),
+    (lambda: F.arithmetic_intensity(10, 0), "bytes_moved must be a positive number"),
+    (lambda: F.mfu(1e12, 0), "peak_tflops must be a positive number"),
+    (lambda: F.mfu_from_throughput(-1, 1e9, 989), "tokens_per_s must be a non-negative number"),
+    (lambda: F.transformer_flops_per_token(1e6, -2, 4, 16, 128), "n_layers must be a non-negative number"),
+    (lambda: F.transformer_flops_per_token(math.nan, 2, 4, 16, 128), "n_params_non_embedding must be a non-negative number, got nan"),
+    (lambda: F.bound(1.0, 989, 4800, achieved_tflops=-1), "achieved_tflops must be a non-negative number"),
     (lambda: F.bound(1.0, 989, 4800, overhead_fraction=1.0), "overhead_fraction must be below 1"),
-    (lambda: F.flops_per_token_from_config({"model_type": "gpt2"}, 0), "seq_len must be > 0"),
-    (lambda: F.matmul_flops(True, 2, 2), "must be a number"),
+    (lambda: F.flops_per_token_from_config({"model_type": "gpt2"}, 0), "seq_len must be a positive number"),
+    (lambda: F.matmul_flops(True, 2, 2), "m must be a non-negative number, got True"),
+    (lambda: F.mfu(math.inf, 989), "achieved_flops_per_s must be a non-negative number, got inf"),
+    (lambda: F.fixed_share(1.5, 8, 8), "full_batch .8. must be larger than small_batch"),
+    (lambda: F.batch_scaling(8, 0.0, 2, 1.0), "full_ms must be a positive number"),
 ])
 def test_bad_input_is_a_one_line_value_error(call, match):
     with pytest.raises(ValueError, match=match) as info:
         call()
     assert "\n" not in str(info.value)
+
+
+def _solution(grade_id: str) -> str:
+    return src(cell(json.loads(PHASE0.read_text()), grade_id))
+
+
+def test_bound_is_the_notebooks_classify_bound_on_a_grid():
+    """The phase 0 solution's ``classify_bound`` and :func:`utils.flops.bound` place every
+    kernel of a grid of intensities, roof fractions and machines alike."""
+    ns: dict = {}
+    exec(compile(_solution("roofline_functions"), "roofline_functions", "exec"), ns)  # noqa: S102
+    for i in (0.01, 0.125, 1.0, 50.0, 204.0, 206.0, 295.2, 1e4):
+        for frac in (0.0, 0.01, 0.0999, 0.1, 0.11, 0.5, 1.0, 1.2):
+            for peak, bw in ((989.0, 4800.0), (989.0, 3350.0), (65.0, 320.0), (0.1, 20.0)):
+                achieved = frac * min(peak, i * bw / 1e3)
+                assert F.bound(i, peak, bw, achieved) == ns["classify_bound"](i, achieved, peak, bw), (i, frac, peak, bw)
+
+
+SHARES = (-0.2, 0.0, 0.25, 0.4999, 0.5, 0.5001, 0.75, 1.0, 1.3)
+MFUS = (0.0, 0.1, 0.3999, 0.4, 0.4001, 0.62, 1.0)
+
+
+def test_step_bound_follows_the_documented_order_on_a_grid():
+    """Overhead first (more than half the step is fixed cost), then compute (MFU of 40% or
+    more) against memory: phase 0's rule, which the grader applies through this function."""
+    verdicts = {F.step_bound(s, m) for s in SHARES for m in MFUS}
+    assert verdicts == {"overhead", "compute", "memory"}
+    for s in SHARES:
+        for m in MFUS:
+            want = "overhead" if s > 0.5 else ("compute" if m >= 0.4 else "memory")
+            assert F.step_bound(s, m) == want, (s, m)
+    assert F.step_bound(0.5, 0.4) == "compute" and F.step_bound(0.5001, 0.9) == "overhead"
+    assert F.step_bound(0.2, 0.3999) == "memory"
+
+
+class _Time:
+    def __init__(self, median_ms: float):
+        self.median_ms = median_ms
+
+
+def test_batch_experiment_is_the_notebooks_solution_on_a_grid():
+    """The phase 0 solution cell run on a grid of step times and peaks: its batch_scaling,
+    fixed_share and LIMITER are exactly :func:`batch_scaling`, :func:`fixed_share` and
+    :func:`step_bound` of the same numbers."""
+    code = compile(_solution("limiter_answer"), "limiter_answer", "exec")
+    batch, seq, fpt = 16, 256, 1.2e9
+    for small in (1, 4):
+        for full_ms in (10.0, 40.0, 160.0):
+            for small_ms in (3.0, 9.0, 10.0, 40.0, 80.0):
+                for peak in (1.0, 19.5, 67.0, 989.0):
+                    times = iter((full_ms, small_ms))
+                    ns = {"timing": type("T", (), {"benchmark": staticmethod(lambda *a, _t=times, **k: _Time(next(_t)))}),
+                          "train_step": None, "xb": list(range(batch)), "yb": list(range(batch)),
+                          "SIZES": type("S", (), {"batch_size": batch}), "small_batch": small,
+                          "FLOPS_PER_TOKEN": fpt, "TOKENS_PER_STEP": batch * seq, "TRAIN_PEAK_TFLOPS": peak,
+                          "achieved_tflops": lambda fl, ms: fl / (ms * 1e-3) / 1e12}
+                    exec(code, ns)  # noqa: S102
+                    r = F.batch_scaling(batch, full_ms, small, small_ms)
+                    share = F.fixed_share(r, batch, small)
+                    mfu = F.mfu_from_throughput(batch * seq / (full_ms * 1e-3), fpt, peak)
+                    assert ns["batch_scaling"] == r and ns["fixed_share"] == share
+                    assert ns["mfu"] == pytest.approx(mfu, rel=1e-12)
+                    assert ns["LIMITER"] == F.step_bound(share, ns["mfu"])
+
+
+def test_fixed_share_of_a_fixed_plus_linear_step():
+    """A step of c + w x batch: the share is c over the full step's time."""
+    c, w, big, small = 6.0, 0.5, 32, 4
+    r = F.batch_scaling(big, c + w * big, small, c + w * small)
+    assert F.fixed_share(r, big, small) == pytest.approx(c / (c + w * big))
+    assert F.fixed_share(F.batch_scaling(big, w * big, small, w * small), big, small) == pytest.approx(0.0, abs=1e-12)

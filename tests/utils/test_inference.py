@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils import decode, inference, kvcache, quantize
+from utils import decode, inference, kvcache, quantize, vllm_kv, vllm_log
 from utils.models import build_model
+from utils.units import GIB
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +128,14 @@ def test_bytes_read_per_step_and_context():
     assert kvcache.bytes_per_token(inference.kv_spec(build_model("llama-1.1b", dtype="bf16", device="meta"))) == 22528
 
 
+def test_estimate_tpot_ms_fixed_part_plus_bytes_at_the_other_bandwidth():
+    """Phase 5's two-term model: the same card gives the measurement back, a card twice as fast
+    halves only the memory part, a measurement shorter than the bytes allow has no fixed part."""
+    assert inference.estimate_tpot_ms(10.0, 4.8e9, 4800.0, 4800.0) == pytest.approx(10.0)
+    assert inference.estimate_tpot_ms(3.0, 4.8e9, 4800.0, 9600.0) == pytest.approx(2.0 + 0.5)
+    assert inference.estimate_tpot_ms(0.5, 4.8e9, 4800.0, 2400.0) == pytest.approx(2.0)
+
+
 def test_measure_decode_and_copy_report_consistent_numbers(tiny):
     path = decode.eager_path(tiny, _prompt(1, 8))
     d = inference.measure_decode(path, 5, max_runs=3, budget_s=0.5)
@@ -172,7 +181,7 @@ def test_continuous_batching_gives_greedy_tokens(tiny):
     assert list(next(iter(out.values())).generated_tokens) == eager
 
 
-# -- a served engine's allocation beside the calculator (a stand-in server; tests/test_vllm.py has the real one) --
+# -- a served engine's allocation beside the calculator (a stand-in server; tests/integration/test_vllm.py has the real one) --
 
 def _reference_calculator():
     import json as _json
@@ -217,8 +226,8 @@ def test_served_kv_check_against_the_reference_calculator(tmp_path):
     # a GPU's profiled memory, known only as printed (%.2f GiB): the engine's numbers in the calculator's range
     gpu = {**CPU_FACTS, "device": "cuda", "kv_cache_gib": 61.53, "kv_cache_bytes": None, "block_size": 16,
            "max_model_len": 2048}
-    plan = kvcache.vllm_plan(kvcache.from_hf_config(ROOT / "utils/configs/llama-tiny.json"), 2048,
-                             int(61.5312 * kvcache.GIB), block_size=16, token_formula="concurrency")
+    plan = vllm_kv.vllm_plan(kvcache.from_hf_config(ROOT / "utils/configs/llama-tiny.json"), 2048,
+                             int(61.5312 * GIB), block_size=16, token_formula="concurrency")
     ranged = inference.served_kv_check(_served(tmp_path, {**gpu, "num_blocks": plan.num_blocks,
                                                           "kv_cache_tokens": plan.kv_tokens,
                                                           "max_concurrency": plan.max_concurrency}), calc)
@@ -320,7 +329,7 @@ def test_served_kv_check_on_a_real_h200_log(tmp_path):
     from utils.engines import EngineFacts, EngineOptions
 
     res = ROOT / "benchmarks" / "results" / "vllm-gpu-h200"
-    log = kvcache.parse_vllm_log((res / "vllm-llama-1.1b.log").read_text())
+    log = vllm_log.parse_vllm_log((res / "vllm-llama-1.1b.log").read_text())
     row = json.loads((res / "vllm_kv_check.json").read_text())["rows"][0]
     assert log.min_available_kv_gib == 67.18 and log.kv_tokens == 3_183_349 and log.concurrency_text == ("1563.53",)
     (tmp_path / "config.json").write_text((ROOT / "utils" / "configs" / "llama-1.1b.json").read_text())

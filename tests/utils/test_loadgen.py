@@ -2,7 +2,7 @@
 against what the server actually did, the load held, arrivals, failures by reason, outputs
 and the CLI.
 
-Accuracy (issue 7): TTFT and TPOT within 2% plus 1 ms of the truth. The truth is the
+Accuracy: TTFT and TPOT within 2% plus 1 ms of the truth. The truth is the
 server's own timeline (timed_server.py: when it received each request and began writing each
 event, on the client's clock), matched to the client's record by prompt. The configured
 timing is not the truth: the server reached the client 1.4 to 2.1 ms after it on this 2-core
@@ -154,7 +154,7 @@ def test_ttft_tpot_itl_match_what_the_server_did(server, send_times, record_prop
         assert not off, f"request {q['index']}: (metric, client ms, truth ms) {off}; CPU wait {wait_ms:.2f} ms"
     for key, ms in [*worst_ms.items(), ("cpu_wait", max(waits_ms))]:  # for reports: pytest --junitxml
         record_property(f"worst_{key}_ms", round(ms, 3))
-    # What the run reports (issue 7) against the same statistic of the truth. TPOT and ITL get the band
+    # What the run reports against the same statistic of the truth. TPOT and ITL get the band
     # alone: a late chunk lengthens one gap and shortens the next, so they average out (worst 0.5 ms
     # inside the band with two CPU hogs). A TTFT or E2E statistic moves as far as the largest error.
     for key, want_s in truth_s.items():

@@ -145,3 +145,19 @@ def test_peak_memory_cuda_path_with_fakes(monkeypatch):
     assert pm.peak_reserved_gib == 9 and pm.device_used_gib == pytest.approx(12)
     assert pm.peak_gib == 7 and pm.peak_rss_gib is None
     assert "device used 12.00 GiB" in str(pm)
+
+
+def test_tensor_bytes_counts_each_storage_once_and_saved_bytes():
+    import torch
+
+    from utils.memory import count_saved_bytes, tensor_bytes
+
+    a = torch.zeros(256, dtype=torch.float32)
+    assert tensor_bytes([a, a[:10], None, a.view(16, 16)]) == 1024  # views share a's storage
+    assert tensor_bytes([a, torch.zeros(8, dtype=torch.bfloat16)]) == 1024 + 16
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(3, 4)
+    out: dict = {}
+    with count_saved_bytes(out):
+        (x @ w).sum()
+    assert out["saved"] == x.nbytes  # w's gradient needs x; x needs none, so w is not saved

@@ -9,12 +9,13 @@ import pytest
 from tests.procs import load_script
 from utils import scaling
 
-ROOT = Path(__file__).resolve().parent.parent
-RECORDED = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s3"
-RECORDED_S4 = ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s4"
-RECORDED_S5 = [ROOT / "benchmarks" / "results" / "2026-11-30-h200x2-s5" / r for r in ("run1", "run2")]  # run3: profiles, no 1-GPU run
-RECORDED_S6 = [ROOT / "benchmarks" / "results" / "2026-12-01-h200x2-s6" / r for r in ("run1", "run2")]
-RECORDED_S8 = ROOT / "benchmarks" / "results" / "2026-12-01-h200-s8"  # one H200, --ddp-one-process
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+RECORDED = RESULTS / "h200x2-phase2-lab02-and-compiled-buckets"
+RECORDED_S4 = RESULTS / "h200x2-phase2-bf16-hook-fsdp2-scaling"
+RECORDED_S5 = [RESULTS / r for r in ("h200x2-phase2-compile-modes-fsdp-baselines", "h200x2-phase2-nccl-cta-caps")]
+RECORDED_S6 = [RESULTS / r for r in ("h200x2-phase2-buckets-inductor-schedulers", "h200x2-phase2-deepspeed-zero")]
+RECORDED_S8 = RESULTS / "h200-phase2-ddp-one-process"  # one H200, --ddp-one-process
 chart = load_script(ROOT / "benchmarks" / "scaling_chart.py")
 
 
@@ -153,7 +154,7 @@ def test_look_alike_runs_are_both_kept(tmp_path):
     assert [c.label for c in curves if 2 not in c.per_device] == ["eager, 1 GPU"]
 
 
-@pytest.mark.parametrize("study", [RECORDED, RECORDED_S4, *RECORDED_S5, *RECORDED_S6], ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("study", [RECORDED, RECORDED_S4, *RECORDED_S5, *RECORDED_S6], ids=lambda p: p.name)
 def test_shipped_h200_runs_agree_with_their_own_efficiency(study):
     """The recorded 2 x H200 studies: efficiency recomputed here equals what train_multi_gpu.py wrote."""
     curves = scaling.training_curves([study])
@@ -167,7 +168,7 @@ def test_shipped_h200_runs_agree_with_their_own_efficiency(study):
 
 @pytest.mark.parametrize("call", ["call1", "call2"])
 def test_shipped_ddp_one_process_runs(call):
-    """The eighth session's --ddp-one-process runs on one H200: each names a plain run of its own
+    """The recorded --ddp-one-process runs (RECORDED_S8) on one H200: each names a plain run of its own
     call as baseline, its efficiency is its tokens/s over that run's, DDP ran the buckets the
     config asked for, and each stands as a point of its own."""
     folder = RECORDED_S8 / call

@@ -26,8 +26,8 @@ from utils.sglang_log import (
     tokens_range,
 )
 
-LOGS = Path(__file__).parent / "data" / "sglang_logs"
-VLLM_LOGS = Path(__file__).parent / "data" / "vllm_logs"
+LOGS = Path(__file__).parent.parent / "data" / "sglang_logs"
+VLLM_LOGS = Path(__file__).parent.parent / "data" / "vllm_logs"
 S, A = SglangLogSummary, KVAllocation
 
 # Qwen/Qwen3-235B-A22B config.json (the -FP8 checkpoint has the same attention): 94 layers,

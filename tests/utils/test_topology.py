@@ -12,7 +12,7 @@ import pytest
 
 from utils import topology
 
-DATA = Path(__file__).parent / "data" / "topo"
+DATA = Path(__file__).parent.parent / "data" / "topo"
 
 
 def _load(name: str) -> str:
@@ -232,3 +232,51 @@ def test_shipped_examples_still_parse_the_same():
         topo = topology.parse_topo(text)
         assert topo.link("GPU0", "GPU1") == {"2x NVLink (NV2)": "NV2", "2x PCIe (PHB)": "PHB"}.get(name, "NV18")
         assert set(topo.cpu_affinity) == set(topo.gpus)
+
+
+# -- the shipped examples, path ranking and NCCL's lines ------------------------------------------
+
+@pytest.mark.parametrize("name", list(topology.TOPO_EXAMPLES))
+def test_shipped_topologies_parse(name):
+    text, source = topology.TOPO_EXAMPLES[name]
+    assert "issue" in source or "docs" in source
+    topo = topology.parse_topo(text)
+    n = len(topo.gpus)
+    assert all(topo.link(g, g) == "X" for g in topo.gpus)
+    assert all(topo.link(a, b) == topo.link(b, a) for a in topo.gpus for b in topo.gpus)
+    assert set(topo.cpu_affinity) == set(topo.gpus)
+    pairs = topology.nvlink_pairs(topo)
+    if name.startswith("8x"):
+        assert n == 8 and len(topo.devices) == 17 and len(pairs) == 28 and set(pairs.values()) == {18}
+        assert topo.link("GPU0", "NIC8") == "PIX" and topo.numa_affinity["GPU4"] == "1"
+        assert topology.slowest_gpu_link(topo) == "NV18"
+    elif "PHB" in name:
+        assert pairs == {} and topology.slowest_gpu_link(topo) == "PHB"
+    else:
+        assert pairs == {(0, 1): 2} and topology.slowest_gpu_link(topo) == "NV2"
+
+
+def test_path_ranking_and_errors():
+    order = ["NV18", "NV2", "PIX", "PXB", "PHB", "NODE", "SYS"]
+    assert sorted(order, key=topology.path_rank, reverse=True) == order
+    assert topology.nvlinks("NV12") == 12 and topology.nvlinks("SYS") == 0
+    with pytest.raises(ValueError, match="unknown path code"):
+        topology.path_rank("QPI")
+    with pytest.raises(ValueError, match="no nvidia-smi topo -m header"):
+        topology.parse_topo("nvidia-smi: command not found")
+    one = topology.parse_topo("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-7\t0\n")
+    assert one.gpus == ["GPU0"]
+    with pytest.raises(ValueError, match="fewer than two GPUs"):
+        topology.slowest_gpu_link(one)
+    with pytest.raises(ValueError, match="row GPU1 has 1 entries"):
+        topology.parse_topo("        GPU0    GPU1    CPU Affinity\nGPU0     X      NV2     0-7\nGPU1    NV2\n")
+
+
+def test_nccl_example_and_probe_without_gpu():
+    text, source = topology.NCCL_EXAMPLE
+    assert "NVL[370.8]" in text and "NET[25.0]" in text and "nccl" in source
+    assert topology.NETWORK_LINKS["ib-ndr"].per_direction_gbs == 400 / 8
+    import torch
+
+    if not torch.cuda.is_available():
+        assert topology.nccl_info_lines() is None

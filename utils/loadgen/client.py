@@ -8,7 +8,7 @@ it is the hot loop: a few lines that split on blank lines and read ``data:`` fie
 less CPU than a general SSE library, and client CPU is what limits a load generator on a
 small machine.
 
-Timing follows vLLM ``benchmarks/serve.py`` (REFERENCE.md, "LLM load metrics"): the clock
+Timing follows vLLM ``benchmarks/serve.py`` (docs/reference.md, "LLM load metrics"): the clock
 starts just before the request is handed to aiohttp; TTFT is the first chunk that carries
 generated text (content, reasoning or a tool call; never the role-only first chunk that
 vLLM, SGLang and OpenAI send); every later text chunk adds one inter-token gap (ITL); E2E

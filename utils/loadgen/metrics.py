@@ -1,11 +1,11 @@
 """Load-test metrics from request records: pure functions, numbers in and numbers out.
 
-Definitions are vLLM's ``benchmarks/serve.py`` (REFERENCE.md, "LLM load metrics"), and
+Definitions are vLLM's ``benchmarks/serve.py`` (docs/reference.md, "LLM load metrics"), and
 every summary carries them in ``definitions`` so a number never travels without its
 meaning. Percentiles are numpy's default (linear interpolation), as vLLM's.
 
 The load a run actually held is judged here too. GuideLLM 0.8.1 on a 2-core machine
-labelled a run "concurrency 64" while about 31 requests were in flight (issue 7); a
+labelled a run "concurrency 64" while about 31 requests were in flight; a
 summary therefore reports the time-weighted mean of requests in flight and the dispatch
 delay, and ``load_held`` is False with a warning when they fall short of the named load.
 """
@@ -20,7 +20,7 @@ import numpy as np
 from utils.loadgen.client import CANCELLED, RequestRecord
 
 DEFINITIONS = {
-    "source": "vLLM benchmarks/serve.py definitions (REFERENCE.md, 'LLM load metrics')",
+    "source": "vLLM benchmarks/serve.py definitions (docs/reference.md, 'LLM load metrics')",
     "ttft_ms": "time to first token: request handed to the HTTP client -> first chunk carrying generated text "
                "(content, reasoning or a tool call; not a role-only chunk)",
     "tpot_ms": "time per output token, excluding the first: (e2el - ttft) / (output_tokens - 1), per request "

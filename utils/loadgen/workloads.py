@@ -1,6 +1,6 @@
 """Workloads: what to send (prompts), when to send it (arrivals), and the run itself.
 
-The named loads (REFERENCE.md, "LLM load metrics"):
+The named loads (docs/reference.md, "LLM load metrics"):
 
 - **synchronous**: one request at a time (concurrency 1);
 - **concurrency C**: C requests always in flight; a finished request's slot is refilled at once;

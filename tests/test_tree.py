@@ -1,0 +1,188 @@
+"""The shape of the tree, checked: modules of a readable size, no import cycle between the
+course's own modules, every repository path a file names exists, and no file points at the
+project's tracker or at documents that are not in the repository.
+
+These are the rules of ``docs/architecture.md``; a failure names the file and the line.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("utils", "grader")
+MAX_MODULE_LINES = 500
+# Projects whose own issue trackers a citation may name ("vLLM issue 21348", "NVIDIA/nccl issue #1453").
+EXTERNAL = re.compile(r"[\w.-]+/[\w.-]+|\b(vllm|sglang|nccl|prometheus|pytorch|torch|transformers|nbgrader|mellea|"
+                      r"github|deepspeed|accelerate|trl|peft|jupyter|triton|dcgm)\b", re.IGNORECASE)
+ISSUE = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+REPO_PATH = re.compile(r"(?<![\w./-])((?:utils|grader|benchmarks|deploy|docs|tests|notebooks|\.ci)/[\w./-]*\w)")
+TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".sh", ".yaml", ".yml", ".toml", ".txt", ".cfg"}
+
+
+def tracked() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [ROOT / p for p in out if (ROOT / p).is_file()]
+
+
+def text_files() -> list[Path]:
+    return [p for p in tracked() if p.suffix in TEXT_SUFFIXES and "data" not in p.relative_to(ROOT).parts[:2]
+            and p.relative_to(ROOT).parts[:2] != ("benchmarks", "results")]
+
+
+def modules() -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of the course's packages and the benchmarks."""
+    out = {}
+    for p in tracked():
+        rel = p.relative_to(ROOT)
+        if p.suffix == ".py" and rel.parts[0] in (*PACKAGES, "benchmarks"):
+            name = ".".join(rel.with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def test_no_module_is_over_the_limit():
+    long = {str(p.relative_to(ROOT)): n for p in modules().values()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them along a seam): {long}"
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The course modules ``name`` imports anywhere in its file (a function-level import that
+    only hides a cycle is still a cycle)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for main in [n for n in tree.body if _is_main_block(n)]:
+        tree.body.remove(main)  # what runs as ``python -m`` is not imported by anyone
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _is_main_block(node: ast.AST) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    mods = modules()
+    known = set(mods)
+    # a package's __init__ importing its own submodules is how packages are built, not a cycle
+    graph = {n: {m for m in _imports(n, p, known) if not (p.name == "__init__.py" and m.startswith(n + "."))}
+             for n, p in mods.items()}
+    assert not _cycles(graph), f"modules that import each other, directly or around a loop: {_cycles(graph)}"
+
+
+def _lines(p: Path):
+    text = p.read_text(errors="replace")
+    yield from enumerate(text.splitlines(), 1)
+
+
+def test_every_repository_path_a_file_names_exists():
+    missing = []
+    for p in text_files():
+        for no, line in _lines(p):
+            for m in REPO_PATH.finditer(line):
+                ref = m.group(1).rstrip(".")
+                after, before = line[m.end():m.end() + 1], line[:m.start()]
+                if after in ("*", "{") or "<" in line[m.end():m.end() + 2] or ".." in ref or re.search(r"[a-z]N(\b|_)", ref):
+                    continue  # a pattern or a placeholder, not one path
+                if EXTERNAL.search(before[-40:]) or (p.suffix == ".py" and before[-1:] in ("'", '"')):
+                    continue  # another project's file ("vLLM's benchmarks/serve.py"), or a string in code
+                if not (ROOT / ref).exists():
+                    missing.append(f"{p.relative_to(ROOT)}:{no}: {ref}")
+    assert not missing, "paths that are not in the repository:\n" + "\n".join(missing)
+
+
+def test_no_file_cites_the_tracker_or_documents_outside_the_repository():
+    bad = []
+    for p in text_files():
+        if p == Path(__file__):
+            continue
+        for no, line in _lines(p):
+            if re.search(r"\b(DESIGN|REFERENCE)\.md\b", line):
+                bad.append(f"{p.relative_to(ROOT)}:{no}: cites a document not in the repository (docs/ has it)")
+            for m in ISSUE.finditer(line):
+                if not EXTERNAL.search(line):
+                    bad.append(f"{p.relative_to(ROOT)}:{no}: {m.group(0)!r} names the project's tracker")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("line, cites_tracker", [
+    ("QLORA_RATIO = 0.7  # (issue 4)", True),
+    ("Issue 7's setting: a local server", True),
+    ("NVIDIA/nccl issue #1453 'Poor NCCL allreduce performance'", False),
+    ("vLLM issue 21348: #tokens 367404 on TP4", False),
+])
+def test_tracker_rule(line, cites_tracker):
+    assert bool(ISSUE.search(line) and not EXTERNAL.search(line)) is cites_tracker
+
+
+def test_the_architecture_doc_names_every_module_and_only_those():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([\w/]+\.(?:py|sh))`", doc))
+    files = {p.relative_to(ROOT) for p in tracked() if p.suffix in (".py", ".sh")
+             and p.relative_to(ROOT).parts[0] in (*PACKAGES, "benchmarks")}
+    missing = [str(f) for f in files if f.name not in named and not re.fullmatch(r"phase\d(_records)?\.py", f.name)]
+    assert not missing, f"modules docs/architecture.md does not describe: {sorted(missing)}"
+    names = {f.name for f in files} | {"conftest.py"}
+    test_names = {p.name for p in tracked() if p.relative_to(ROOT).parts[0] == "tests"}
+    gone = [n for n in named if n.rpartition("/")[2] not in names | test_names and not n.startswith("test_")]
+    assert not gone, f"docs/architecture.md describes files that are not in the repository: {sorted(gone)}"

@@ -1,0 +1,220 @@
+"""Launching lab 02's multi-process runs the way people launch them, and where they go.
+
+``torchrun`` runs the all-reduce benchmark (``benchmarks/allreduce.py``) and ``accelerate
+launch`` with the configs in ``benchmarks/accelerate/`` runs training
+(``benchmarks/train_multi_gpu.py``) and TRL post-training (``benchmarks/post_train_trl.py``),
+one process per GPU over NCCL. Without two GPUs the runs are two CPU processes over gloo at
+smoke sizes (:func:`plan_for`): the same code, a check of the plumbing; one GPU cannot show
+scaling across GPUs. Each ``run_*`` prints the command, runs it in its own process group
+(all of it is killed on a timeout or an interrupt), keeps its output out of the notebook
+(stderr in a test cell would cost the cell its points) and returns the JSON the script wrote.
+
+The notebook and the grader's re-measurements (``grader/phase2.py``) launch through here.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+REPO = Path(__file__).resolve().parent.parent
+ASSIGNMENT = "02_multi_gpu"
+CONFIGS = {name: REPO / "benchmarks" / "accelerate" / f"{name}.yaml" for name in ("ddp", "fsdp_full_shard",
+                                                                                   "fsdp_shard_grad_op")}
+TRAIN, ALLREDUCE = REPO / "benchmarks" / "train_multi_gpu.py", REPO / "benchmarks" / "allreduce.py"
+POST_TRAIN = REPO / "benchmarks" / "post_train_trl.py"
+# NVLink multicast (NVLS) off in every launched process (launch_env): the runs share their host
+MULTICAST_OFF = (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"))
+TIMEOUT_S = {"gloo": 170.0, "nccl": 540.0}  # one launch, processes started to JSON written
+
+
+class Plan(NamedTuple):
+    backend: str  # "nccl": one process per GPU; "gloo": CPU processes
+    nproc: int  # processes of the N-device runs
+    n_gpus: int
+    tier: str  # the sizes' tier (utils.env)
+    sizes: Any  # utils.env.Phase2Sizes
+    note: str
+    work: str  # folder for the runs' JSON and logs
+
+    @property
+    def kind(self) -> str:
+        return "cpu" if self.backend == "gloo" else "gpu"
+
+
+def plan_for(n_gpus: int, smoke: bool, tier: str, work: str | None = None) -> Plan:
+    """Two or more GPUs: N = all of them over NCCL at the tier's sizes. Otherwise two CPU
+    processes over gloo at smoke sizes (one process per GPU is what DDP needs, so one GPU
+    cannot show scaling)."""
+    from utils.env import phase_sizes
+
+    work = work or tempfile.mkdtemp(prefix="gpulab-phase2-")
+    if not smoke and n_gpus >= 2:
+        return Plan("nccl", n_gpus, n_gpus, tier, phase_sizes(ASSIGNMENT, tier),
+                    f"{n_gpus} GPUs: one process per GPU over NCCL, {tier} sizes", work)
+    if not smoke and n_gpus == 1:
+        note = ("ONE GPU: scaling across GPUs cannot be measured here (DDP needs a process per GPU). The "
+                "multi-process cells run 2 CPU processes over gloo at smoke sizes instead: the same code, graded as "
+                "plumbing. For real numbers use two GPUs (Kaggle: Accelerator > GPU T4 x2).")
+    else:
+        note = "NO GPU (smoke mode): 2 CPU processes over gloo at tiny sizes; the numbers check the plumbing, not a GPU."
+    return Plan("gloo", 2, n_gpus, "cpu", phase_sizes(ASSIGNMENT, "cpu"), note, work)
+
+
+def plan(work: str | None = None) -> Plan:
+    """The plan for this machine (``utils.env``: smoke mode, GPU count, size tier)."""
+    import torch
+
+    from utils.env import device_tier, smoke_mode
+
+    smoke = smoke_mode()
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return plan_for(n, smoke, "cpu" if smoke else device_tier(), work)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env(p: Plan, extra: dict | None = None) -> dict:
+    """The child processes' environment: multicast off (shared hosts), offline, the repo
+    importable; CPU plans hide the GPUs and give each process an equal share of the cores
+    (the 1-process baseline too, so per-device throughputs compare like with like)."""
+    env = dict(os.environ)
+    for k, v in MULTICAST_OFF:
+        env.setdefault(k, v)
+    env.update({"MASTER_ADDR": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), env.get("PYTHONPATH"))))})
+    if p.backend == "gloo":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["OMP_NUM_THREADS"] = str(max(1, min(8, (os.cpu_count() or 2) // p.nproc)))
+    env.update({k: str(v) for k, v in (extra or {}).items()})
+    return env
+
+
+def why_failed(text: str) -> str:
+    """The line of a failed run's output that says why."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):  # a script's own one-line error first (argparse style)
+        if ": error: " in ln:
+            return ln[:300]
+    for ln in reversed(lines):
+        if ("error" in ln.lower() or "Exception" in ln) and not ln.startswith(("File ", "Traceback", "raise ")):
+            return ln[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _launch(cmd: list[str], shown: str, out: Path, env: dict, timeout_s: float, verbose: bool) -> dict:
+    """Run ``cmd`` in its own process group; the JSON it wrote at ``out``, or RuntimeError."""
+    if verbose:
+        print("$ " + shown, flush=True)
+    log = out.with_suffix(".log")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        so, se = proc.communicate(timeout=timeout_s)
+    except BaseException as exc:  # timeout, or the notebook interrupted: take every rank down with it
+        os.killpg(proc.pid, signal.SIGKILL)
+        so, se = proc.communicate()
+        log.write_text(f"$ {shown}\n--- stdout ---\n{so}\n--- stderr ---\n{se}")
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise RuntimeError(f"`{shown.split(' --out')[0]}` ran past {timeout_s:.0f} s and was stopped; log: {log}") from None
+        raise
+    log.write_text(f"$ {shown}\n--- stdout ---\n{so}\n--- stderr ---\n{se}")
+    if proc.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"`{shown.split(' --out')[0]} ...` failed (exit {proc.returncode}): {why_failed(se + chr(10) + so)}; "
+                           f"full log: {log}")
+    res = json.loads(out.read_text())
+    res["file"] = str(out)
+    return res
+
+
+def run_training(p: Plan, nproc: int, name: str, *, config: str = "ddp", batch_per_device: int | None = None,
+                 grad_accum: int = 1, no_sync_accum: bool = False, measure_comm: bool = False,
+                 baseline: dict | None = None, env: dict | None = None, verbose: bool = True) -> dict:
+    """``accelerate launch --config_file benchmarks/accelerate/<config>.yaml --num_processes
+    <nproc> benchmarks/train_multi_gpu.py ...`` at the plan's sizes; returns its JSON (plus
+    ``file``). ``baseline``: a 1-process result, for the script's own scaling efficiency."""
+    s = p.sizes
+    if config not in CONFIGS:
+        raise ValueError(f"unknown config {config!r}; use one of {', '.join(CONFIGS)}")
+    if not 1 <= nproc <= p.nproc:
+        raise ValueError(f"nproc must be between 1 and {p.nproc} here, got {nproc!r}")
+    out = Path(p.work) / f"{name}.json"
+    args = ["--preset", s.model, "--batch-per-device", str(batch_per_device or s.batch_per_device), "--seq",
+            str(s.seq_len), "--steps", str(s.steps), "--warmup", str(s.warmup), "--grad-accum", str(grad_accum)]
+    args += ["--bf16"] * s.bf16 + ["--compile"] * s.compile + ["--no-sync-accum"] * no_sync_accum
+    args += ["--measure-comm"] * measure_comm
+    if baseline is not None:
+        args += ["--baseline", str(baseline["file"])]
+    launch = ["--config_file", str(CONFIGS[config]), "--num_processes", str(nproc)]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch, "--main_process_ip", "127.0.0.1",
+           "--main_process_port", str(_free_port()), str(TRAIN), "--out", str(out), *args]
+    pre = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+    shown = (f"{pre + ' ' if pre else ''}accelerate launch --config_file benchmarks/accelerate/{config}.yaml "
+             f"--num_processes {nproc} benchmarks/train_multi_gpu.py --out {out.name} " + " ".join(
+                 a if not a.startswith("/") else Path(a).name for a in args))
+    res = _launch(cmd, shown, out, launch_env(p, env), TIMEOUT_S[p.backend], verbose)
+    if verbose:
+        extra = "".join(f", {k.replace('_', ' ')} {res[k]:.1%}" for k in ("exposed_comm_share", "scaling_efficiency")
+                        if isinstance(res.get(k), float))
+        mem = [m for m in res.get("peak_allocated_gib_per_rank") or [] if m is not None]
+        print(f"  {res['world_size']} process(es), {res.get('sharding_strategy')}: "
+              f"{res['tokens_per_s_per_device']:,.0f} tokens/s per device{extra}"
+              + (f", peak {max(mem):.2f} GiB" if mem else ""), flush=True)
+    return res
+
+
+def run_allreduce(p: Plan, name: str = "allreduce", *, env: dict | None = None, verbose: bool = True) -> dict:
+    """``torchrun --standalone --nproc_per_node N benchmarks/allreduce.py`` at the plan's
+    sizes (``--smoke``: gloo on CPU processes); returns its JSON (plus ``file``)."""
+    s = p.sizes
+    out = Path(p.work) / f"{name}.json"
+    args = ["--sizes", s.allreduce_sizes, "--iters", str(s.allreduce_iters)] + ["--smoke"] * (p.backend == "gloo")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(p.nproc), str(ALLREDUCE),
+           "--out", str(out), *args]
+    pre = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+    shown = (f"{pre + ' ' if pre else ''}torchrun --standalone --nproc_per_node {p.nproc} benchmarks/allreduce.py "
+             f"--out {out.name} " + " ".join(args))
+    res = _launch(cmd, shown, out, launch_env(p, env), TIMEOUT_S[p.backend], verbose)
+    if verbose:
+        for r in res["results"]:
+            frac = r.get("busbw_fraction_of_link")
+            print(f"  {r['bytes']:>12,} B {r['time_us']:>10.1f} us  algbw {r['algbw_gbs']:8.2f} GB/s  busbw "
+                  f"{r['busbw_gbs']:8.2f} GB/s" + (f"  {frac:.0%} of the link" if frac else ""), flush=True)
+    return res
+
+
+def run_post_training(p: Plan, name: str = "post_train_trl", verbose: bool = True) -> dict | None:
+    """TRL SFT then DPO on every process of the plan (``benchmarks/post_train_trl.py``), or
+    None with one line saying why not (script or TRL missing, the run failed): ungraded."""
+    script = POST_TRAIN
+    if not script.is_file():
+        print(f"skipped: {script.relative_to(REPO)} is not in this copy of the course", flush=True)
+        return None
+    if importlib.util.find_spec("trl") is None:
+        print("skipped: TRL is not installed (pip install trl, then run this cell again)", flush=True)
+        return None
+    out = Path(p.work) / f"{name}.json"
+    args = ["--smoke"] if p.backend == "gloo" else ["--bf16"] * p.sizes.bf16
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS["ddp"]), "--num_processes",
+           str(p.nproc), "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()), str(script),
+           "--out", str(out), *args]
+    shown = (f"accelerate launch --config_file benchmarks/accelerate/ddp.yaml --num_processes {p.nproc} "
+             f"benchmarks/post_train_trl.py --out {out.name} " + " ".join(args))
+    try:
+        return _launch(cmd, shown, out, launch_env(p), 2 * TIMEOUT_S[p.backend], verbose)
+    except RuntimeError as exc:
+        print(f"skipped: {exc}", flush=True)
+        return None
