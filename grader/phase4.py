@@ -141,8 +141,9 @@ def check_metrics(latency_metrics, trace) -> None:
 
 # -- 2. the workload and the sweep ------------------------------------------------------------
 
-def check_workload(workload, server, sweep_result) -> None:
-    """WORKLOAD is a valid, complete definition for this engine, and the sweep ran exactly it."""
+def check_workload(workload, server, sweep_result, first=None) -> None:
+    """WORKLOAD is a valid, complete definition for this engine, and the sweep ran exactly it;
+    its SLOs are judged on the unloaded runs the learner saw (``first``, the sweep's first step)."""
     mode = _begin("your workload and the sweep that ran it", remeasured=False)
     checks.assert_constants_unchanged(CONSTANT_MODULES)
     if mode == checks.RECORD:
@@ -159,7 +160,7 @@ def check_workload(workload, server, sweep_result) -> None:
         if desc[key] != getattr(server, key):
             raise AssertionError(f"WORKLOAD.{key} = {desc[key]!r}, but the engine's is {getattr(server, key)!r}: "
                                  "start from server.workload_fields()")
-    records.sweep_ran(sweep_result, desc, sizes().sweep_points)
+    records.sweep_ran(sweep_result, desc, sizes().sweep_points, first)
     checks.say(f"  SLOs {desc['slo_ms']} ms; synchronous p50: " + ", ".join(
         f"{k} {records.run_stat(sweep_result['runs'][0], k, 'p50'):.4g}" for k in records.SLO_KEYS))
 

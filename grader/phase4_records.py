@@ -135,9 +135,15 @@ def _same_load(w: dict, desc: dict, what: str, keys: tuple = MATCH_KEYS) -> None
                                  "you defined (re-run it after changing WORKLOAD)")
 
 
-def sweep_ran(sweep: Any, desc: dict, points: int) -> None:
+def sweep_ran(sweep: Any, desc: dict, points: int, first: Any = None) -> None:
     """``sweep`` is ``utils.loadgen.sweep(WORKLOAD, points=points)``, unedited, and the SLOs
-    are attainable without load and meaningful under it."""
+    are attainable without load and meaningful under it.
+
+    The unloaded latency is the sweep's synchronous step and, when given, ``first``: the
+    notebook's own synchronous run, which the learner sets the SLOs from. On a shared machine
+    the two can differ several-fold (on two cores, beside a second engine, a TTFT p50 of 10 ms
+    in one and 54 ms in the other), so an SLO passes if it is at least the lower p50 and at most
+    :data:`SLO_MAX_FACTOR` times the higher: the learner is judged on a run they saw."""
     if not isinstance(sweep, dict) or not sweep.get("sweep") or not isinstance(sweep.get("runs"), list):
         raise AssertionError("sweep_result must be what utils.loadgen.sweep returns")
     runs = sweep["runs"]
@@ -154,18 +160,24 @@ def sweep_ran(sweep: Any, desc: dict, points: int) -> None:
         if got != want:
             raise AssertionError(f"{what}: concurrency {conc}, rate {rate}: not the step utils.loadgen.sweep runs there")
         consistent(run, what)
-    sync = runs[0]
+    unloaded = [runs[0]]
+    if first is not None:
+        consistent(first, "first")
+        _same_load(first["workload"], desc, "first", ("base_url", "model", "input_len", "output_len"))
+        if first["workload"].get("concurrency") != 1:
+            raise AssertionError("first must be the synchronous run (concurrency=1) the notebook makes")
+        unloaded.append(first)
     for key in SLO_KEYS:
-        p50 = run_stat(sync, key, "p50")
-        if p50 is None:
+        p50s = [p for p in (run_stat(r, key, "p50") for r in unloaded) if p is not None]
+        if not p50s:
             raise AssertionError(f"the synchronous step has no {key} measurement; did its requests fail?")
-        slo = desc["slo_ms"][key]
-        if slo < p50:
-            raise AssertionError(f"the {key} SLO ({slo:.4g} ms) is below the synchronous p50 ({p50:.4g} ms): even "
+        slo, where = desc["slo_ms"][key], " and ".join(f"{p:.4g}" for p in p50s)
+        if slo < min(p50s):
+            raise AssertionError(f"the {key} SLO ({slo:.4g} ms) is below the synchronous p50 ({where} ms): even "
                                  "an idle engine misses it; base it on the unloaded latency")
-        if slo > slo_bounds(p50)[1]:
+        if slo > slo_bounds(max(p50s))[1]:
             raise AssertionError(f"the {key} SLO ({slo:.4g} ms) is over {SLO_MAX_FACTOR:g}x the synchronous p50 "
-                                 f"({p50:.4g} ms, counted as at least {SLO_FLOOR_MS:g} ms): every load meets it, "
+                                 f"({where} ms, counted as at least {SLO_FLOOR_MS:g} ms): every load meets it, "
                                  "so it measures nothing")
 
 

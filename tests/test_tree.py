@@ -27,7 +27,8 @@ TEXT_SUFFIXES = {".py", ".md", ".ipynb", ".sh", ".yaml", ".yml", ".toml", ".txt"
 def tracked() -> list[Path]:
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout.split()
-    return [ROOT / p for p in out if (ROOT / p).is_file()]
+    # the project's own files: not a virtualenv or other tool state someone left unignored
+    return [ROOT / p for p in out if (ROOT / p).is_file() and (not p.startswith(".") or p.startswith(".ci/"))]
 
 
 def text_files() -> list[Path]:

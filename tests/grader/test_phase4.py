@@ -336,3 +336,40 @@ def test_goodput_is_remeasured_against_the_running_engine(phase4, tmp_path):
             p4.check_goodput(server, w, rate * 2, op, g, p95)
     with pytest.raises(AssertionError, match="running engine"):
         p4.check_goodput(server, w, rate, op, g, p95)
+
+
+def _sweep_with_sync_ttft(base, sync_ttft_ms: float) -> dict:
+    runs = [_fake_run(dataclasses.replace(base, concurrency=1), "synchronous", sync_ttft_ms, 8.0, 0.3),
+            _fake_run(dataclasses.replace(base, probe=False), "throughput", 300.0, 20.0, 0.0)]
+    runs += [_fake_run(dataclasses.replace(base, probe=False, request_rate=r), f"rate {r:g}", 60.0, 10.0, 1 / r)
+             for r in (9.0, 17.0)]
+    return {"sweep": True, "workload": base.describe(), "runs": runs}
+
+
+def test_slos_are_judged_on_the_unloaded_runs_the_learner_saw():
+    """The learner sets SLOs from ``first``; on a shared machine the sweep's synchronous step
+    can be several times slower (CI saw a TTFT p50 of about 10 ms, then 54 ms beside another
+    engine). An SLO between the lower p50 and 20x the higher passes; outside both it fails."""
+    from grader import phase4_records as R
+
+    base = _h100_workload(slo_ms={"ttft": 52.0, "tpot": 24.0, "e2el": 1100.0})  # 5 x first's 10.4 ms TTFT
+    desc = R.workload_desc(base)
+    first = _fake_run(dataclasses.replace(base, concurrency=1), "first (synchronous)", 10.4, 8.0, 0.3)
+    slow = _sweep_with_sync_ttft(base, 54.0)
+    with pytest.raises(AssertionError, match="below the synchronous p50"):
+        R.sweep_ran(slow, desc, 2)  # the sweep alone: the honest SLO looks unattainable
+    R.sweep_ran(slow, desc, 2, first)  # with the run it was set from: it passes
+    for ttft_slo, match in ((9.0, "below the synchronous p50"), (1200.0, "over 20x the synchronous p50")):
+        other = dataclasses.replace(base, slo_ms={**base.slo_ms, "ttft": ttft_slo})
+        with pytest.raises(AssertionError, match=match):
+            R.sweep_ran(_sweep_with_sync_ttft(other, 54.0), R.workload_desc(other), 2, first)
+    loaded = _fake_run(dataclasses.replace(base, concurrency=4), "first", 10.4, 8.0, 0.3)
+    with pytest.raises(AssertionError, match="concurrency=1"):
+        R.sweep_ran(slow, desc, 2, loaded)
+    edited = json.loads(json.dumps(first))
+    edited["ttft_ms"]["p50"] = 1.0
+    with pytest.raises(AssertionError, match="edited results"):
+        R.sweep_ran(slow, desc, 2, edited)
+    other = _fake_run(dataclasses.replace(base, concurrency=1, input_len=128), "first", 10.4, 8.0, 0.3)
+    with pytest.raises(AssertionError, match="input_len"):
+        R.sweep_ran(slow, desc, 2, other)

@@ -139,7 +139,8 @@ def batch(tmp_path_factory):
     put("hostile", hostile)  # with a plausible GPU record: its measured cells are graded from that
     (subs / "hostile.record.json").write_text(json.dumps(h100_record()))
 
-    return autograde(ROOT, ASSIGNMENT, subs, out, jobs=2, timeout_s=TIMEOUT_S)
+    # --no-screen: the patched utils.xla tests the defences inside the kernel, behind the screen
+    return autograde(ROOT, ASSIGNMENT, subs, out, "--no-screen", jobs=2, timeout_s=TIMEOUT_S)
 
 
 def test_reference_scores_full_marks_measured_live(batch):
@@ -170,6 +171,15 @@ def test_hostile_submission_with_a_gpu_record_loses_exactly_the_cells_it_broke(b
     assert modes["test_recompiles"] == "measured live", modes  # a record cannot stand in for the counts
     html = (batch["out"] / "feedback" / "hostile" / f"{ASSIGNMENT}.html").read_text()
     assert "graded from record" in html and "NVIDIA H100 80GB HBM3" in html
+
+
+def test_the_screen_holds_the_patched_module_before_it_runs(batch):
+    from grader.screen import screen_notebook
+
+    release = json.loads(RELEASE.read_text())
+    found = screen_notebook(json.loads((batch["subs"] / "hostile.ipynb").read_text()), release)
+    assert [f.code for f in found] == ["_x.count_compiles"], found
+    assert screen_notebook(json.loads((batch["subs"] / "reference.ipynb").read_text()), release) == []
 
 
 def test_grades_csv_lists_every_submission(batch):
