@@ -60,7 +60,6 @@ HOSTILE = {
     "a signal handler": "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n",
     "an exit hook": "import atexit\natexit.register(print)\n",
     "a class swapped under a value": "x = 1.0\nclass G: pass\ng = G()\ng.__class__ = G\n",
-    "code that does not parse": "def broken(:\n",
 }
 
 HONEST = {
@@ -77,6 +76,7 @@ HONEST = {
     "a comprehension and f-string": "rows = {k: v for k, v in [('a', 1)]}\nprint(f\"{rows['a']:.2f}\")\n",
     "sys for printing": "import sys\nprint('x', file=sys.stderr)\n",
     "a crash costs only the learner": "import os\nos._exit(1)\n",
+    "a typo (it fails when graded, it is no cheat)": "def broken(:\n",
 }
 
 

@@ -334,19 +334,3 @@ def test_cli_usage_errors(server, capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["--base-url", server, "--model", "m", "--request-rate", "0"])
     assert e.value.code == 2
-
-
-def test_a_run_keeps_the_objects_already_alive_out_of_its_collections():
-    """A long-lived process (a notebook with a model, a test session) pauses for a full
-    collection in mid-request otherwise; the freeze ends with the run, even on an error."""
-    import gc
-
-    from utils.loadgen import workloads
-
-    _ = [object() for _ in range(1000)]
-    with workloads._gc_frozen():
-        assert gc.get_freeze_count() > 0
-    assert gc.get_freeze_count() == 0
-    with pytest.raises(RuntimeError), workloads._gc_frozen():
-        raise RuntimeError("a run that fails")
-    assert gc.get_freeze_count() == 0

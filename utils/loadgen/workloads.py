@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
-import gc
 import itertools
 import json
 import math
@@ -316,29 +314,11 @@ async def _drive(w: Workload, session, url: str, bodies: list[bytes], offsets, b
     return records, perf_counter() - t_origin
 
 
-@contextlib.contextmanager
-def _gc_frozen():
-    """One full collection first, then every object alive kept out of later collections for the
-    run (``gc.freeze``): a process that holds a model, or a long test session's objects, would
-    otherwise stop its client for a full collection in mid-request, a delay no server caused."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 async def run_async(w: Workload, *, progress: bool = True, label: str | None = None) -> dict:
     """Run one workload and return its summary (metrics, workload, load held, per-request trace).
 
     Use this from a running event loop (``await`` in Jupyter); ``run()`` elsewhere."""
     w.validate()
-    with _gc_frozen():
-        return await _run_async(w, progress=progress, label=label)
-
-
-async def _run_async(w: Workload, *, progress: bool, label: str | None) -> dict:
     url = client.endpoint_url(w.base_url, w.endpoint)
     bodies = build_bodies(w)
     dropped: list[str] = []
