@@ -2,7 +2,7 @@
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
 # Steps: device monitor timing profiling exporter models grader allreduce multigpu breaks accum
-#        trl fused phase3 decode serving scaling (1 to 8 GPUs) lab:ASSIGNMENT (the reference answers of that lab graded live
+#        trl fused phase3 decode serving vllmbench scaling (1 to 8 GPUs) lab:ASSIGNMENT (the reference answers of that lab graded live
 #        here, e.g. lab:02_multi_gpu; python -m grader.gpu_check --live-only)
 # (default: the first six). Needs nbgrader for grader and lab:*; bitsandbytes where a lab quantizes.
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
@@ -133,6 +133,10 @@ torch.cuda.synchronize()" & load=$!
       run python benchmarks/decode_tuning.py "$out/decode_tuning.json" ;;
     decode) run python benchmarks/decode_tuning.py "$out/decode_tuning.json" ;;
     serving) run python benchmarks/phase4_serving.py --out "$out/phase4_serving.json" --budget-s 400 ;;
+    vllmbench) # the course's load generator beside `vllm bench serve` on one vLLM server: bf16, then fp8 weights
+      a="--preset llama-1.1b --pairs 2 --num-requests 64 --input-len 256 --output-len 64 --concurrency 8"
+      run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --out "$out/lvb_bf16.json"
+      run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --quantization fp8 --out "$out/lvb_fp8.json" ;;
     lab:*) a=${step#lab:}; run python -m grader.gpu_check "$out/lab_$a" --assignment "$a" --live-only ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac

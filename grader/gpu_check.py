@@ -52,6 +52,20 @@ def _grader_lines(notebook: Path) -> list[str]:
     return lines
 
 
+def _cell_errors(notebook: Path) -> list[str]:
+    """One line per cell of the graded notebook that raised: its index, the error and its message's
+    first line. A test cell's NameError names only the symptom; the cell above it names the cause."""
+    if not notebook.is_file():
+        return []
+    found = []
+    for i, cell in enumerate(json.loads(notebook.read_text())["cells"]):
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                first = (o.get("evalue") or "").strip().splitlines()[:1]
+                found.append(f"cell {i}: {o.get('ename')}: {first[0][:400] if first else ''}")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -81,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     graded = out / "gpu" / "autograded" / "self"
     record = graded / f"{assignment}.record.json"
     summary["live_lines"] = _grader_lines(graded / f"{assignment}.ipynb")
+    summary["cell_errors"] = _cell_errors(graded / f"{assignment}.ipynb")
     if record.is_file():
         rec = json.loads(record.read_text())
         summary["measurements"] = {k: {"value": m["value"], "unit": m["unit"], "method": m.get("method"),
@@ -97,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["check_from_record"] = {"exit": None, "status": f"no record at {record}: the GPU run did not finish"}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     ok = all(summary[k].get("exit") == 0 for k in ("check_gpu", "check_from_record"))
-    print(json.dumps({k: summary[k] for k in ("gpu", "check_gpu", "check_from_record")}, indent=1, default=str))
+    print(json.dumps({k: summary[k] for k in ("gpu", "check_gpu", "check_from_record", "cell_errors")}, indent=1,
+                     default=str))
     print(f"wrote {out / 'summary.json'}; {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
