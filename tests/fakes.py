@@ -42,6 +42,7 @@ class FakeGpu:
     mem_clock_mhz: int = 3201
     throttle_mask: int = 0x4  # sw_power_cap
     energy_supported: bool = True
+    processes: dict = field(default_factory=dict)  # pid -> bytes, as nvmlDeviceGetComputeRunningProcesses lists them
     # state
     samples: int = field(default=0, init=False)
     energy_mj: int = field(default=0, init=False)
@@ -116,6 +117,9 @@ class FakeNvml:
         g = self._dev(h)
         return SimpleNamespace(used=g.mem_used_bytes, total=g.mem_total_bytes,
                                free=g.mem_total_bytes - g.mem_used_bytes)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: SimpleNamespace) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self._dev(h).processes.items()]
 
     def nvmlDeviceGetPowerUsage(self, h: SimpleNamespace) -> int:
         return self._dev(h).power_mw

@@ -291,11 +291,20 @@ def nvml_used_gib(device_index: int = 0) -> float | None:
 
 
 def held_memory_gib(server: Any, used_before_gib: float | None = None) -> tuple[float | None, str]:
-    """The memory a running engine really holds, and how it was read: on a GPU the device
-    memory NVML shows in use minus ``used_before_gib`` (read before the engine started); on a
-    CPU the resident memory of the engine's processes (it counts their libraries too)."""
+    """The memory a running engine really holds, and how it was read. On a GPU: what NVML
+    accounts to the engine's processes where it lists them, else the device memory in use minus
+    ``used_before_gib`` (read before the engine started), which is wrong by whatever other
+    processes took or gave back meanwhile. On an H200 an engine left over from an earlier run
+    exited while the next started, and the difference read 0.07 GiB for an engine holding about
+    60 GiB (``benchmarks/results/vllm-gpu-h200/loadgen-vs-vllm-bench-llama-1.1b-n64-in256-out64-c8.json``).
+    On a CPU: the resident memory of the engine's processes (it counts their libraries too)."""
     if server.device == "cpu":
         return server.resident_gib(), "resident memory of the engine's processes"
+    from utils import nvml
+
+    own = nvml.process_used_gib(server.process_ids()) if nvml.status().available else None
+    if own is not None:
+        return own, "GPU memory NVML accounts to the engine's processes"
     used = nvml_used_gib()
     if used is None:
         return None, "NVML is not available"

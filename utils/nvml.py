@@ -34,7 +34,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,6 +274,21 @@ def used_gib(cuda_index: int = 0) -> float | None:
     info = query("nvmlDeviceGetMemoryInfo", handle(visible[cuda_index]))
     used = getattr(info, "used", None)
     return None if used is None else used / 2**30
+
+
+def process_used_gib(pids: Iterable[int]) -> float | None:
+    """GiB that the processes ``pids`` hold on all GPUs, from NVML's per-process accounting
+    (``nvmlDeviceGetComputeRunningProcesses``, ``usedGpuMemory`` in bytes; nvidia-ml-py's
+    ``pynvml.py``). None without NVML, or when NVML lists none of them: in a container NVML
+    often lists no process or the host's process ids, which then match nothing here."""
+    wanted, total, matched = set(pids), 0, False
+    for i in range(device_count()):
+        procs = query("nvmlDeviceGetComputeRunningProcesses", handle(i))
+        for p in procs if isinstance(procs, (list, tuple)) else ():
+            used = getattr(p, "usedGpuMemory", None)
+            if getattr(p, "pid", None) in wanted and isinstance(used, int):
+                total, matched = total + used, True
+    return total / 2**30 if matched else None
 
 
 # -- throttle (clocks-event) reasons ---------------------------------------------------------

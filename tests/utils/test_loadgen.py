@@ -23,6 +23,7 @@ timestamp came 5 ms late did (a one-off check by hand).
 """
 import asyncio
 import csv
+import dataclasses
 import json
 import math
 import subprocess
@@ -102,6 +103,8 @@ def _truth(base, w, result, sends):
     after the client sent it, with its prompt: every prompt of a run differs, and the warm-up and
     earlier runs that reuse a prompt were received before), and the milliseconds the client and the
     server together waited for a CPU while it lasted."""
+    assert w.seed is None and isinstance(result["workload"]["seed"], int)  # drawn for the run, and recorded
+    w = dataclasses.replace(w, seed=result["workload"]["seed"])
     prompts = [b.get("prompt") or b["messages"][-1]["content"] for b in loadgen.build_bodies(w)]
     assert len(set(prompts)) == len(prompts)
     timelines = _timelines(base)
@@ -334,3 +337,24 @@ def test_cli_usage_errors(server, capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["--base-url", server, "--model", "m", "--request-rate", "0"])
     assert e.value.code == 2
+
+
+def test_runs_of_one_workload_send_fresh_prompts_and_the_warm_up_shares_none(server):
+    """A prefix cache must not see a prompt twice: two runs of one ``Workload`` (no seed) send
+    different prompts, each run records the seed that rebuilds its own, and the unmeasured
+    warm-up's prompt starts with a text no measured prompt starts with. A pinned seed repeats."""
+    w = _workload(server, {}, concurrency=2, num_requests=3)
+    before = {t["prompt"] for t in _timelines(server)}
+    runs = [loadgen.run(w, progress=False) for _ in range(2)]
+    seen = [t["prompt"] for t in _timelines(server) if t["prompt"] not in before]
+    sent = [[b["prompt"] for b in loadgen.build_bodies(dataclasses.replace(w, seed=r["workload"]["seed"]))]
+            for r in runs]
+    assert runs[0]["workload"]["seed"] != runs[1]["workload"]["seed"]
+    assert not set(sent[0]) & set(sent[1])
+    measured = set(sent[0]) | set(sent[1])
+    assert measured <= set(seen)
+    warm_ups = [p for p in seen if p not in measured]
+    assert len(warm_ups) == 2 and all(p.startswith(loadgen_client.PROBE_PREFIX) for p in warm_ups)
+    assert not any(p.startswith(loadgen_client.PROBE_PREFIX) for p in measured)
+    pinned = dataclasses.replace(w, seed=7)
+    assert loadgen.build_bodies(pinned) == loadgen.build_bodies(pinned)

@@ -119,3 +119,31 @@ def test_throttle_reason_bits():
     assert nvml.throttle_reasons(0x1 | 0x4 | 0x40) == ["gpu_idle", "sw_power_cap", "hw_thermal_slowdown"]
     assert nvml.throttle_reasons(0) == []
     assert nvml.throttle_reasons(nvml.NA) == []
+
+
+def test_process_used_gib_counts_only_the_given_processes_on_every_gpu():
+    gpus = [FakeGpu(processes={101: 60 * 2**30, 999: 63 * 2**30}), FakeGpu(processes={102: 2**30})]
+    with installed(FakeNvml(gpus)):
+        assert nvml.process_used_gib([101, 102]) == 61.0  # the engine's two processes, not pid 999
+        assert nvml.process_used_gib([5]) is None  # NVML lists none of them (a container's host pids)
+    with installed(FakeNvml([FakeGpu()])):
+        assert nvml.process_used_gib([101]) is None  # NVML lists no process at all
+    with installed(FakeNvml(init_error="Driver Not Loaded")):
+        assert nvml.process_used_gib([101]) is None
+
+
+def test_held_memory_prefers_the_engines_own_processes_over_a_difference():
+    """A neighbour that frees 63 GiB while the engine takes 60 leaves the difference at -3: the
+    per-process reading is 60. Without a per-process list the difference is the answer, named so."""
+    from types import SimpleNamespace
+
+    from utils import inference
+
+    server = SimpleNamespace(device="cuda", process_ids=lambda: [101, 102])
+    gpus = [FakeGpu(mem_used_bytes=60 * 2**30, processes={101: 60 * 2**30, 999: 0})]
+    with installed(FakeNvml(gpus)):
+        gib, how = inference.held_memory_gib(server, used_before_gib=63.0)
+        assert (gib, how) == (60.0, "GPU memory NVML accounts to the engine's processes")
+    with installed(FakeNvml([FakeGpu(mem_used_bytes=70 * 2**30)])):
+        gib, how = inference.held_memory_gib(server, used_before_gib=10.0)
+        assert gib == 60.0 and how.startswith("GPU memory in use (NVML), minus")

@@ -47,7 +47,8 @@ def parser() -> argparse.ArgumentParser:
     data = p.add_argument_group("prompts")
     data.add_argument("--dataset", help="JSONL with 'prompt' or 'messages' per line (optional 'output_len')")
     data.add_argument("--tokenizer", help="HF tokenizer name or path: exact synthetic prompt lengths")
-    data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--seed", type=int, default=None,
+                      help="prompts and arrivals (default: a fresh seed per run, recorded in the summary)")
     req = p.add_argument_group("requests")
     req.add_argument("--timeout-s", type=float, default=300.0, help="per-request total timeout")
     req.add_argument("--max-duration-s", type=float, help="stop the run (each sweep step) after this long")

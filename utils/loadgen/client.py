@@ -370,12 +370,30 @@ async def _read_whole(resp: aiohttp.ClientResponse, rec: RequestRecord, t0: floa
 OPTIONAL_FIELDS = (("ignore_eos", "min_tokens"), ("stream_options",))
 
 
+PROBE_PREFIX = "warm-up: "
+
+
+def _unshared(body: dict) -> dict:
+    """``body`` with its text behind :data:`PROBE_PREFIX`: the warm-up then shares no first token,
+    hence no cached block, with the measured request built from the same row (a prefix cache
+    keys blocks by a hash chained from the first token: ``vllm/v1/core/kv_cache_utils.py``)."""
+    if isinstance(body.get("prompt"), str):
+        return dict(body, prompt=PROBE_PREFIX + body["prompt"])
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+        first = dict(messages[0])
+        if isinstance(first.get("content"), str):
+            first["content"] = PROBE_PREFIX + first["content"]
+        return dict(body, messages=[first, *messages[1:]])
+    return body
+
+
 async def probe(session: aiohttp.ClientSession, url: str, body: dict, *, stream: bool, model: str) -> list[str]:
     """Send one short unmeasured request (a warm-up) and learn which optional fields the server
     takes; returns the fields to drop. A 4xx answer to a body with ``ignore_eos``/``min_tokens``
     (``transformers serve`` answers 422) is retried without them, then without
     ``stream_options``. Any other failure is a ``LoadgenError`` with the server's reason."""
-    body = dict(body, max_tokens=min(int(body.get("max_tokens") or 2), 2))
+    body = _unshared(dict(body, max_tokens=min(int(body.get("max_tokens") or 2), 2)))
     if "min_tokens" in body:
         body["min_tokens"] = body["max_tokens"]
     dropped: list[str] = []

@@ -11,6 +11,14 @@ The named loads (docs/reference.md, "LLM load metrics"):
 - **sweep** (GuideLLM's): synchronous, then throughput (everything at once), then
   ``points`` constant or Poisson rates evenly spaced between the two measured rates.
 
+Each run draws fresh prompts unless ``seed`` is set, and the summary records the seed it used.
+A repeated run of the same prompts measures a server's prefix cache, not its prefill: vLLM
+caches every full block of a prompt, keyed by a hash chained from the first token
+(``vllm/v1/core/kv_cache_utils.py``, ``hash_block_tokens``), and keeps prefix caching on by
+default. A lab 04 sweep on an H200 (vLLM 0.26, the same seed for every step) logged a prefix
+cache hit rate of 84.1%; the ``vllm bench serve`` runs beside it, with fresh random prompts,
+logged 1.2 to 5.5% (``benchmarks/results/vllm-gpu-h200/``).
+
 Every run ends on its own: after ``num_requests``, or at ``max_duration_s`` (requests
 still in flight are cancelled and counted as ``cancelled``), and each request has a
 total timeout ``timeout_s``.
@@ -72,7 +80,7 @@ class Workload:
     stream: bool = True
     dataset: str | None = None  # JSONL: {"prompt": ...} or {"messages": [...]}, optional "output_len"
     tokenizer: str | None = None  # Hugging Face tokenizer name or path for exact synthetic prompt lengths
-    seed: int = 0
+    seed: int | None = None  # prompts and arrivals; None: a fresh seed per run, recorded in the summary
     timeout_s: float = 300.0
     max_duration_s: float | None = None
     fixed_output: bool = True  # also send ignore_eos and min_tokens (dropped if the server rejects them)
@@ -319,6 +327,8 @@ async def run_async(w: Workload, *, progress: bool = True, label: str | None = N
 
     Use this from a running event loop (``await`` in Jupyter); ``run()`` elsewhere."""
     w.validate()
+    if w.seed is None:
+        w = dataclasses.replace(w, seed=int.from_bytes(os.urandom(4), "little") >> 1)
     url = client.endpoint_url(w.base_url, w.endpoint)
     bodies = build_bodies(w)
     dropped: list[str] = []
