@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from utils import rehearsal
+
 ENGINES = ("transformers", "vllm", "sglang")
 QUANTIZATIONS = {"transformers": ("bnb-4bit", "bnb-8bit"), "vllm": ("fp8",), "sglang": ("fp8",)}
 KV_CACHE_DTYPES = {"transformers": (), "vllm": ("fp8", "fp8_e4m3", "fp8_e5m2"), "sglang": ("fp8_e4m3", "fp8_e5m2")}
@@ -247,7 +249,7 @@ def command(install: EngineInstall, model_dir: Path, dtype: str, max_position_em
         if install.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(opts.kv_cache_gib or 1)))
         else:
-            cmd += ["--gpu-memory-utilization", f"{opts.gpu_memory_fraction:g}"]
+            cmd += ["--gpu-memory-utilization", f"{rehearsal.engine_memory_fraction(opts.gpu_memory_fraction):.4g}"]
         if opts.block_size:
             cmd += ["--block-size", str(opts.block_size)]
         if opts.kv_cache_dtype:
@@ -259,7 +261,8 @@ def command(install: EngineInstall, model_dir: Path, dtype: str, max_position_em
         return cmd, env
     cmd = [py, "-m", "sglang.launch_server", "--model-path", model, "--served-model-name", model, "--host", opts.host,
            "--port", str(opts.port), "--dtype", torch_dtype, "--context-length", str(max_len),
-           "--mem-fraction-static", f"{opts.gpu_memory_fraction:g}", "--log-level", "info"]
+           "--mem-fraction-static", f"{rehearsal.engine_memory_fraction(opts.gpu_memory_fraction):.4g}",
+           "--log-level", "info"]
     if opts.block_size:
         cmd += ["--page-size", str(opts.block_size)]
     if opts.kv_cache_dtype:

@@ -16,8 +16,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from utils import rehearsal
+from utils.rehearsal import TIER_VAR  # force a tier, e.g. GPULAB_TIER=t4 on a big GPU to rehearse
+
 SMOKE_VAR = "GPULAB_SMOKE"
-TIER_VAR = "GPULAB_TIER"  # force a tier, e.g. GPULAB_TIER=t4 on a big GPU to rehearse
 TIERS = ("cpu", "t4", "a100", "h100")
 
 
@@ -219,7 +221,15 @@ def phase_sizes(phase: str, tier: str | None = None):
     """The sizes of ``phase`` (e.g. ``"00_foundations"``) for ``tier`` (default: this device)."""
     if phase not in _PHASES:
         raise KeyError(f"no sizes for phase {phase!r}; known: {', '.join(_PHASES)}")
+    if tier is None:
+        line = rehearsal.apply()  # a forced smaller tier on a bigger GPU: that card's memory and dtype
+        if line and line not in _said:
+            _said.add(line)
+            print(line)
     return _PHASES[phase][tier or device_tier()]
+
+
+_said: set[str] = set()
 
 
 def describe() -> dict:

@@ -45,12 +45,13 @@ def default_device() -> str:
 def default_dtype(device: str | None = None, engine: str | None = None) -> str:
     """The weights' dtype for ``device`` and ``engine``: on a CPU fp32 for transformers (its
     bf16 matmuls are slow there) and bf16 for vLLM's CPU build (its kernels' native type); on
-    a GPU bf16 from Ampere (compute capability 8.0), fp16 before (a T4 has no bf16)."""
-    import torch
+    a GPU bf16 from Ampere (compute capability 8.0), fp16 before (a T4 has no bf16), and the
+    rehearsed card's choice under a forced smaller tier (``utils.rehearsal``)."""
+    from utils import rehearsal
 
     if (device or default_device()) == "cpu":
         return "bf16" if engine == "vllm" else "fp32"
-    return "bf16" if torch.cuda.get_device_capability()[0] >= 8 else "fp16"
+    return rehearsal.half_dtype()
 
 
 def clean_token_ids(tokenizer) -> list[int]:

@@ -32,13 +32,15 @@ HELD_OUT_FRACTION = 0.1
 
 def reference_mode(device: Any = None) -> str:
     """The 16-bit dtype the quantized models are compared with: bf16 on Ampere and newer,
-    fp16 before (a T4 has no bf16), fp32 on a CPU."""
+    fp16 before (a T4 has no bf16; also when one is rehearsed: ``utils.rehearsal``), fp32 on a CPU."""
     import torch
+
+    from utils import rehearsal
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
         return "fp32"
-    return "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16"
+    return rehearsal.half_dtype(device.index or 0)
 
 
 def load(preset: str, mode: str, device: Any = None):

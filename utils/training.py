@@ -76,13 +76,16 @@ def naive_config(batch_size: int, seq_len: int) -> LoopConfig:
 
 def best_precision(device: Any = None) -> str:
     """``bf16`` on Ampere and newer (compute capability 8+), ``fp16`` on older GPUs (T4, V100:
-    no bf16 tensor cores), ``fp32`` on a CPU (no tensor cores; autocast only adds casts)."""
+    no bf16 tensor cores, or one rehearsed: ``utils.rehearsal``), ``fp32`` on a CPU (no tensor
+    cores; autocast only adds casts)."""
     import torch
+
+    from utils import rehearsal
 
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type != "cuda":
         return "fp32"
-    return "bf16" if torch.cuda.get_device_capability(dev)[0] >= 8 else "fp16"
+    return rehearsal.half_dtype(dev.index or 0)
 
 
 def autocast_dtype(precision: str):
