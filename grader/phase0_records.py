@@ -1,8 +1,8 @@
 """Phase 0's measurement record: what the notebook writes, and grading from it.
 
 ``save_record`` writes every measured number of ``00_foundations`` with the raw fields it was
-derived from (FLOPs, bytes, times, batch sizes), the machine's fingerprint and the ``utils``
-hash (``utils.record``). On a grading machine without a GPU, the ``*_from_record`` checks
+derived from (FLOPs, bytes, times, batch sizes), each kernel's placement on both rooflines, the
+machine's fingerprint and the ``utils`` hash (``utils.record``). On a grading machine without a GPU, the ``*_from_record`` checks
 grade a GPU record instead of re-measuring (docs/grading.md): the fingerprint names a
 card in ``utils.hardware`` and the hash matches this grader's ``utils``; every derived
 number is recomputed from its raw fields; the learner's own functions, applied to the
@@ -22,6 +22,10 @@ from utils.flops import batch_scaling, fixed_share, step_bound
 from utils.units import gb_per_s, tflop_per_s
 
 PHASE = "00_foundations"
+LABELS = ("compute", "memory", "overhead")
+KERNELS = ("matmul", "thin_matmul", "elementwise", "tiny_ops")
+ROOFS = ("datasheet", "measured")  # the two rooflines each kernel is placed on
+THIN_DIVISOR = 32  # the thin matmul is (n x n/32) @ (n/32 x n): its intensity sits near a GPU's ridge
 
 
 def dtype_bytes(dtype: Any) -> int:
@@ -30,11 +34,59 @@ def dtype_bytes(dtype: Any) -> int:
     return int(bytes_per_dtype(checks.dtype_name(dtype)))
 
 
+# -- the placement rule on both rooflines (live and from the record) -----------------------------
+
+def thin_k(n: int) -> int:
+    """The thin matmul's inner dimension for an ``n``-wide matmul, as the notebook's locked cell sets it."""
+    return max(1, n // THIN_DIVISOR)
+
+
+def intensities(n: int, nbytes: int) -> dict:
+    """FLOP per byte of each kernel, from the exact counts: the ``n^3`` matmul, the thin
+    ``(n x k) @ (k x n)`` one, ``x + 1`` and the tiny adds in fp32."""
+    k = thin_k(n)
+    return {"matmul": 2 * n**3 / (3 * n * n * nbytes), "thin_matmul": 2 * n * k * n / ((2 * n * k + n * n) * nbytes),
+            "elementwise": 0.125, "tiny_ops": 0.125}
+
+
+def datasheet_ceilings(spec, dtype: Any) -> tuple[float, float] | None:
+    """``(peak TFLOP/s of dtype, bandwidth GB/s)`` from a spec row, or None where it has no such
+    figures (a CPU, a GPU missing from ``utils.hardware``): then the notebook places kernels on
+    the measured ceilings twice, and says so."""
+    if spec is None:
+        return None
+    peak = spec.peak_tflops(checks.dtype_name(dtype))
+    return (float(peak), float(spec.bandwidth_gbs)) if peak and spec.bandwidth_gbs else None
+
+
+def misplaced(placements: Any, intensity: dict, achieved: dict, roofs: dict) -> list[str]:
+    """Every placement that is not ``utils.flops.bound`` of its kernel's intensity and achieved
+    TFLOP/s on that roofline, described with its numbers (not the answer)."""
+    from utils.flops import bound, ridge_point
+
+    if not isinstance(placements, dict) or set(placements) != set(ROOFS):
+        raise AssertionError(f"placements must be a dict with the keys {', '.join(map(repr, ROOFS))}, "
+                             f"one dict of kernel -> label per roofline")
+    bad = []
+    for roof in ROOFS:
+        per = placements[roof]
+        if not isinstance(per, dict) or set(per) != set(KERNELS):
+            raise AssertionError(f"placements[{roof!r}] must be a dict with the keys {', '.join(map(repr, KERNELS))}")
+        peak, bw = roofs[roof]
+        for name in KERNELS:
+            label = checks.as_label(per[name], LABELS, f"placements[{roof!r}][{name!r}]")
+            if label != bound(intensity[name], peak, bw, achieved[name]):
+                bad.append(f"placements[{roof!r}][{name!r}] = {label!r} does not follow from {intensity[name]:.3g} FLOP/B "
+                           f"at {achieved[name]:.3g} TFLOP/s on the {roof} roofline ({peak:.4g} TFLOP/s, {bw:.4g} GB/s, "
+                           f"ridge {ridge_point(peak, bw):.3g} FLOP/B)")
+    return bad
+
+
 # -- writing --------------------------------------------------------------------------------
 
 _NEEDED = ("MATMUL_DTYPE", "n", "matmul_time", "matmul_flops", "matmul_bytes", "matmul_tflops", "copy_time", "copy_gbs",
            "ew_time", "ew_flops", "ew_bytes", "ew_gbs", "ew_tflops", "tiny_time", "tiny_flops", "tiny_bytes", "tiny_tflops",
-           "placements", "train", "tokens_per_s", "monitor", "SIZES", "TOKENS_PER_STEP", "FLOPS_PER_TOKEN",
+           "thin_time", "thin_flops", "thin_bytes", "thin_tflops", "placements", "train", "tokens_per_s", "monitor", "SIZES", "TOKENS_PER_STEP", "FLOPS_PER_TOKEN",
            "TRAIN_PEAK_TFLOPS", "full_time", "small_time", "small_batch", "batch_scaling", "fixed_share",
            "step_tflops", "mfu", "LIMITER")
 
@@ -48,19 +100,26 @@ def save_record(ns: dict, path: str | Path | None = None):
     checks.assert_defined(ns, _NEEDED)
     g, pl = ns, ns["placements"]
 
+    def placed(kernel: str) -> dict:
+        return {roof: pl[roof].get(kernel) if isinstance(pl, dict) and isinstance(pl.get(roof), dict) else None
+                for roof in ROOFS}
+
     def t(r) -> dict:
         return {"median_ms": r.median_ms, "p20_ms": r.p20_ms, "p80_ms": r.p80_ms, "runs": r.runs}
 
     rec = Record.new()
     rec.add("matmul_tflops", g["matmul_tflops"], "TFLOP/s", g["matmul_time"].method, checks.spread(g["matmul_time"]),
             n=g["n"], dtype=checks.dtype_name(g["MATMUL_DTYPE"]), flops=g["matmul_flops"], bytes=g["matmul_bytes"],
-            placement=pl.get("matmul"), **t(g["matmul_time"]))
+            placements=placed("matmul"), **t(g["matmul_time"]))
+    rec.add("thin_matmul_tflops", g["thin_tflops"], "TFLOP/s", g["thin_time"].method, checks.spread(g["thin_time"]),
+            n=g["n"], k=thin_k(g["n"]), dtype=checks.dtype_name(g["MATMUL_DTYPE"]), flops=g["thin_flops"],
+            bytes=g["thin_bytes"], placements=placed("thin_matmul"), **t(g["thin_time"]))
     rec.add("copy_gbs", g["copy_gbs"], "GB/s", g["copy_time"].method, checks.spread(g["copy_time"]),
             bytes=2 * g["SIZES"].elementwise_numel * 4, **t(g["copy_time"]))
     rec.add("elementwise_gbs", g["ew_gbs"], "GB/s", g["ew_time"].method, checks.spread(g["ew_time"]), flops=g["ew_flops"],
-            bytes=g["ew_bytes"], tflops=g["ew_tflops"], placement=pl.get("elementwise"), **t(g["ew_time"]))
+            bytes=g["ew_bytes"], tflops=g["ew_tflops"], placements=placed("elementwise"), **t(g["ew_time"]))
     rec.add("tiny_ops_tflops", g["tiny_tflops"], "TFLOP/s", g["tiny_time"].method, checks.spread(g["tiny_time"]),
-            flops=g["tiny_flops"], bytes=g["tiny_bytes"], placement=pl.get("tiny_ops"), **t(g["tiny_time"]))
+            flops=g["tiny_flops"], bytes=g["tiny_bytes"], placements=placed("tiny_ops"), **t(g["tiny_time"]))
     tr, summ = g["train"], g["monitor"].summary()
     util_max = [s[k]["max"] for s in summ.values() for k in ("util_gpu_pct", "util_cpu_pct")
                 if isinstance(s.get(k), dict) and s[k].get("max") is not None]
@@ -124,26 +183,43 @@ def memory(achieved_bandwidth_gbs, achieved_tflops) -> None:
     checks.record_ok(f"copy {cv:.4g} GB/s, x + 1 {ev:.4g} GB/s")
 
 
-def roofline(classify_bound) -> None:
-    from utils.flops import attainable_tflops, bound
+def roofline() -> None:
+    """Each recorded placement, on the card's datasheet roofline and on the recorded ceilings, is
+    the rule's on the recorded counts and rates; every count is exact and every rate follows from
+    its median; nothing is above the card's datasheet roofline."""
+    from utils.flops import attainable_tflops
 
     rec, spec = checks.open_record()
-    peak, dtype = checks.recorded(rec, "matmul_tflops", "dtype")
+    peak, dtype, n = checks.recorded(rec, "matmul_tflops", "dtype", "n")
     bw = checks.recorded(rec, "copy_gbs")[0]
-    rows = {"matmul": ("matmul_tflops", None), "elementwise": ("elementwise_gbs", "tflops"), "tiny_ops": ("tiny_ops_tflops", None)}
+    n = int(checks.as_number(n, "record matmul n"))
+    nbytes = dtype_bytes(dtype)
+    _, k, tfl, tby, tdt = checks.recorded(rec, "thin_matmul_tflops", "k", "flops", "bytes", "dtype")
+    if k != thin_k(n) or tdt != dtype:
+        raise AssertionError(f"record thin matmul: k = {k!r} in {tdt!r}, expected k = n / {THIN_DIVISOR} = {thin_k(n)} in {dtype!r}")
+    checks.assert_close(tfl, 2 * n * thin_k(n) * n, "record thin matmul flops (2 n k n)")
+    checks.assert_close(tby, (2 * n * thin_k(n) + n * n) * nbytes, "record thin matmul bytes (read A and B, write C)")
+    intensity, achieved, placed = intensities(n, nbytes), {}, {}
+    rows = {"matmul": ("matmul_tflops", None), "thin_matmul": ("thin_matmul_tflops", None),
+            "elementwise": ("elementwise_gbs", "tflops"), "tiny_ops": ("tiny_ops_tflops", None)}
     for kernel, (name, t_key) in rows.items():
-        got = checks.recorded(rec, name, "flops", "bytes", "placement", *((t_key,) if t_key else ()))
-        achieved = checks.as_number(got[4], f"record {name} tflops") if t_key else got[0]
-        intensity = checks.as_number(got[1], "flops") / checks.assert_positive(got[2], "bytes")
-        expected = bound(intensity, peak, bw, achieved)
-        with checks.quiet():
-            theirs = classify_bound(intensity, achieved, peak, bw)
-        if got[3] != expected or theirs != expected:
-            raise AssertionError(f"record {kernel}: placed {got[3]!r}, your classify_bound says {theirs!r}, the rule gives {expected!r}")
-        roof = attainable_tflops(intensity, spec.peak_tflops(checks.dtype_name(dtype)) or peak, spec.bandwidth_gbs or bw)
-        checks.assert_not_above(achieved, roof, f"recorded {kernel}", "TFLOP/s",
-                                f"the {spec.name} datasheet roofline at {intensity:.3g} FLOP/B")
-    checks.record_ok("roofline placements")
+        got = checks.recorded(rec, name, "flops", "bytes", "placements", *((t_key,) if t_key else ()))
+        fl, by = checks.as_number(got[1], f"record {name} flops"), checks.assert_positive(got[2], f"record {name} bytes")
+        checks.assert_close(fl / by, intensity[kernel], f"record {kernel} intensity (its flops / bytes)")
+        achieved[kernel] = checks.as_number(got[4], f"record {name} tflops") if t_key else got[0]
+        checks.assert_close(achieved[kernel], tflop_per_s(fl, _times(rec, name)), f"record {kernel} TFLOP/s vs its flops and median_ms",
+                            rel=1e-3)
+        placed[kernel] = got[3] if isinstance(got[3], dict) else {}
+    placements = {roof: {kernel: placed[kernel].get(roof) for kernel in KERNELS} for roof in ROOFS}
+    datasheet = datasheet_ceilings(spec, dtype)
+    bad = misplaced(placements, intensity, achieved, {"datasheet": datasheet or (peak, bw), "measured": (peak, bw)})
+    if bad:
+        raise AssertionError("record: " + "; ".join(bad))
+    for kernel in KERNELS:
+        roof = attainable_tflops(intensity[kernel], *(datasheet or (peak, bw)))
+        checks.assert_not_above(achieved[kernel], roof, f"recorded {kernel}", "TFLOP/s",
+                                f"the {spec.name} datasheet roofline at {intensity[kernel]:.3g} FLOP/B")
+    checks.record_ok("roofline placements on the datasheet and the measured rooflines")
 
 
 def training() -> None:

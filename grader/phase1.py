@@ -3,7 +3,9 @@
 Each ``check_*`` grades one measured cell by re-measuring in the same kernel session with the
 grader's own code: the naive loop and the learner's optimized :class:`utils.training.LoopConfig`
 are rebuilt and timed here (``utils.timing`` through :mod:`grader.checks`), the profiler is
-run again on the naive loop, and LoRA/QLoRA peak memory is measured again. Sizes come from
+run again on the naive loop, and LoRA/QLoRA peak memory is measured again. The learner's own
+``diagnose`` is run on profiles it has not seen, drawn or taken here (``utils.diagnosis_cases``),
+and may not call the course's diagnosis to get its answers. Sizes come from
 ``utils.env``, not from the notebook's variables. Thresholds are ratios measured in the same
 run, so they hold on a T4 and an H200 alike; the minimum speedup is per device tier
 (``Phase1Sizes.min_speedup``: a tensor-core GPU gains more from mixed precision than a T4,
@@ -94,33 +96,74 @@ def check_baseline(baseline_tps, baseline, naive, monitor) -> None:
     checks.agree(compare, ATTEMPTS)
 
 
-# -- 3. the diagnosis -------------------------------------------------------------------------
+# -- 3. the diagnosis the learner writes ----------------------------------------------------------
 
-def check_diagnosis(bottleneck, profile) -> None:
-    """BOTTLENECK is what the learner's profile says, the profile is genuine, and the grader's
-    own profile of the naive loop finds the same thing (its diagnosis or one of its findings)."""
+def check_diagnosis(diagnose, bottleneck, first_fix, profile) -> None:
+    """The learner's profile is genuine; BOTTLENECK and FIRST_FIX are what their ``diagnose``
+    returns on its numbers (the verdict left out) and what the course's rules give; their
+    ``diagnose`` is right on the same profile with one cause made unmistakable
+    (``utils.diagnosis_cases.variants``: a constant answer fails here) and on the grader's own
+    profile of the naive loop, and their bottleneck is one the grader's profile finds."""
     if _begin("the profiler diagnosis") == checks.RECORD:
-        return
-    checks.assert_untampered()
-    from utils.profile_diagnosis import ProfileSummary, diagnose
+        return records.diagnosis(diagnose)
+    checks.assert_untampered(records.CASE_MODULES)
+    checks.assert_constants_unchanged(("utils.profile_diagnosis",))
+    from utils.profile_diagnosis import ProfileSummary
     from utils.profiling import profile_steps
     from utils.training import build_loop
 
     if not isinstance(profile, ProfileSummary):
         raise AssertionError("profile must be the ProfileSummary that utils.profiling.profile_steps returned")
-    d = diagnose(profile)[0]
+    d = records.rules_verdict(profile)
     if profile.diagnosis != d:
         raise AssertionError(f"profile.diagnosis = {profile.diagnosis!r} was edited: its own numbers give {d!r}")
-    if bottleneck != d:
-        raise AssertionError(f"BOTTLENECK = {bottleneck!r}, but your profile's evidence says {d!r}")
+    yours = records.their_verdict(diagnose, profile.evidence(), "your profile")
+    records.assert_right(yours, (bottleneck, first_fix), profile, "BOTTLENECK, FIRST_FIX")
+    records.assert_variants(diagnose, profile, "your profile")
     with checks.quiet():
         loop = build_loop(sizes().model, _naive_config())
         mine = profile_steps(loop.step, steps=3, warmup=1, wait=1)
+    on_mine = records.their_verdict(diagnose, mine.evidence(), "the grader's profile")
+    records.assert_right(on_mine, None, mine, "your diagnose on the grader's profile of the naive loop")
     if bottleneck != mine.diagnosis and bottleneck not in mine.findings:
         raise AssertionError(f"BOTTLENECK = {bottleneck!r}, but the grader's profile of the naive loop finds "
                              f"{mine.diagnosis!r} (also: {', '.join(mine.findings[1:]) or 'nothing else'})")
     checks.say(f"  grader's profile: {mine.diagnosis} (GPU idle {mine.gpu_idle_fraction}, "
-               f"host syncs {mine.host_syncs_per_step:g}/step); yours: {bottleneck}")
+               f"host syncs {mine.host_syncs_per_step:g}/step); yours: {bottleneck}, fix first {first_fix!r}")
+
+
+def check_unseen(diagnose) -> None:
+    """The learner's ``diagnose`` on loops it has not seen: synthetic summaries drawn now, two
+    of every verdict, and real profiles of small loops built to be one kind of bound, taken now
+    on this device (``utils.diagnosis_cases``). Every one must be right."""
+    import random
+
+    checks.say(f"{checks.LIVE} on {checks.device_name()}: your diagnose on summaries of loops it has not seen, "
+               "profiled or drawn by the grader in this run")
+    checks.assert_untampered(records.CASE_MODULES)
+    checks.assert_constants_unchanged(("utils.profile_diagnosis",))
+    from utils import diagnosis_cases
+
+    seed = random.SystemRandom().randrange(1 << 30)
+    with checks.quiet():
+        cases = [(name, s, records.rules_verdict(s)) for name, s in diagnosis_cases.synthetic_cases(seed)]
+        cases += diagnosis_cases.profiled()
+    wrong = []
+    for name, summary, want in cases:
+        try:
+            got = records.their_verdict(diagnose, summary, name)
+        except AssertionError as exc:
+            if "course's own" in str(exc):
+                raise
+            wrong.append(f"{name}: {exc}")
+            continue
+        if got[0] != want or got[1] not in records.FIRST_FIXES[want]:
+            wrong.append(f"{name}: yours {got}, {records.numbers(summary)}")
+    right = len(cases) - len(wrong)
+    checks.say(f"  {right} of {len(cases)} right (synthetic cases drawn with seed {seed})")
+    if wrong:
+        raise AssertionError(f"your diagnose got {right} of {len(cases)} unseen loops right; wrong: " + " | ".join(wrong[:4])
+                             + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else ""))
 
 
 # -- 4. the optimized loop ------------------------------------------------------------------------

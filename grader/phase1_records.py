@@ -1,12 +1,17 @@
 """Phase 1's measurement record: what ``01_single_gpu`` writes, and grading from it.
 
 ``save_record`` writes the notebook's headline numbers (baseline and optimized throughput,
-the speedup, LoRA and QLoRA peak memory with their breakdown) with the machine's fingerprint
-and the ``utils`` hash (``utils.record``). On a grading machine without a GPU the measured
+the speedup, LoRA and QLoRA peak memory with their breakdown, the profile of the naive loop
+with the learner's diagnosis of it) with the machine's fingerprint and the ``utils`` hash
+(``utils.record``). On a grading machine without a GPU the measured
 cells of :mod:`grader.phase1` grade a GPU record instead of re-measuring (docs/grading.md):
 the record is this course's and untouched (:func:`grader.checks.record_spec`), the learner's
 numbers are the recorded ones, and the recorded ones meet the lab's goals. An invented but
-consistent record passes: the record proves the arithmetic, not the run.
+consistent record passes: the record proves the arithmetic, not the run. The diagnosis is the
+exception: the learner's ``diagnose`` runs again here, on the recorded profile's numbers.
+
+The helpers that judge a learner's ``diagnose`` (:func:`their_verdict`, :func:`assert_right`)
+live here, so that the live checks and the record's share them.
 """
 from __future__ import annotations
 
@@ -16,16 +21,106 @@ from grader import checks  # grader.phase(1) rebinds it to a fresh copy
 
 PHASE = "01_single_gpu"
 QLORA_RATIO = 0.7  # graded on a GPU with bitsandbytes: 4-bit peak <= 0.7 x the lean bf16 LoRA peak
-_NEEDED = ("baseline_tps", "optimized_tps", "speedup", "lora_peak_gib", "qlora_peak_gib", "OPTIMIZED", "lora", "qlora")
+_NEEDED = ("baseline_tps", "optimized_tps", "speedup", "lora_peak_gib", "qlora_peak_gib", "OPTIMIZED", "lora", "qlora",
+           "profile", "BOTTLENECK", "FIRST_FIX")
+CASE_MODULES = ("utils.diagnosis_cases",)  # the unseen loops, tamper-checked beside grader.tamper.UTILS_MODULES
+# The LoopConfig switch (utils.training) to change first for each verdict, as the notebook's table
+# gives it; None where no switch of the loop addresses it.
+FIRST_FIXES = {
+    "data-loading-bound": ("num_workers",),
+    "copy-bound": ("pin_memory", "non_blocking"),
+    "host-sync-bound": ("sync_every_step",),
+    "overhead-bound (launch/Python)": ("batch_size", "compile_mode", "fused_adamw"),
+    "idle GPU, cause not named": (None,),
+    "compute-bound": ("precision",),
+    "memory-bound": ("compile_mode", "precision"),
+    "cpu-bound (no GPU in the trace)": (None,),
+}
+
+
+# -- judging a diagnosis ---------------------------------------------------------------------
+
+def rules_verdict(summary) -> str:
+    """The course's verdict on a summary's numbers (``utils.profile_diagnosis.diagnose``)."""
+    from utils.profile_diagnosis import diagnose
+
+    return diagnose(summary)[0]
+
+
+def numbers(s) -> str:
+    """The numbers the rules read, on one line, for feedback."""
+    step = s.step_time_ms or 1e-9
+    gpu = (f"GPU idle {s.gpu_idle_fraction:.0%}, CPU work {s.cpu_work_ms_per_step:.3g} ms vs GPU busy "
+           f"{s.gpu_busy_ms_per_step:.3g} ms, matmul share {s.matmul_share or 0:.0%}" if s.gpu_idle_fraction is not None
+           else "no GPU in the trace")
+    return (f"loader wait {s.loader_wait_fraction:.0%}, copies {s.h2d_ms_per_step / step:.0%} of the step, "
+            f"{s.host_syncs_per_step:g} syncs/step, {gpu}")
+
+
+def their_verdict(diagnose, summary, what: str) -> tuple:
+    """``diagnose(summary)`` as ``(bottleneck, first fix)``, one of the verdicts and a switch
+    name or None. A profile hook watches the call: reaching ``utils.profile_diagnosis.diagnose``
+    or ``summarize``, ``utils.profiling`` or the grader's cases is copying, not diagnosing."""
+    import os
+    import sys
+
+    from utils import diagnosis_cases, profile_diagnosis, profiling
+
+    if not callable(diagnose):
+        raise AssertionError(f"diagnose must be a function of one ProfileSummary, got {type(diagnose).__name__}")
+    tool = {profile_diagnosis.__file__, os.path.realpath(profile_diagnosis.__file__)}
+    banned = {f for m in (diagnosis_cases, profiling) for f in (m.__file__, os.path.realpath(m.__file__))}
+    seen: list[str] = []
+
+    def hook(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            if code.co_filename in banned or (code.co_filename in tool and code.co_name in ("diagnose", "summarize")):
+                seen.append(f"{os.path.basename(code.co_filename)[:-3]}.{code.co_name}")
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        out = checks.call(diagnose, summary, name="diagnose", show_args=False)
+    finally:
+        sys.setprofile(previous)
+    if seen:
+        raise AssertionError(f"your diagnose calls the course's own utils.{seen[0]} (on {what}): write the rules yourself")
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise AssertionError(f"diagnose must return (bottleneck, first fix), got {out!r:.80} on {what}")
+    if type(out[0]) is not str or out[0] not in profile_diagnosis.BOTTLENECKS:
+        raise AssertionError(f"diagnose returned the bottleneck {out[0]!r:.60} on {what}: it must be one of "
+                             "utils.profile_diagnosis.BOTTLENECKS")
+    if out[1] is not None and type(out[1]) is not str:
+        raise AssertionError(f"diagnose returned the fix {out[1]!r:.60} on {what}: a LoopConfig field name, or None")
+    return out[0], out[1]
+
+
+def assert_right(got: tuple, claimed, summary, name: str) -> None:
+    """``got`` (the learner's verdict on ``summary``) is the rules' verdict with a first fix the
+    table allows; ``claimed`` (what the notebook says, if anything) is ``got``."""
+    if claimed is not None and (not isinstance(claimed, tuple) or claimed != got):
+        raise AssertionError(f"{name} = {claimed!r:.100}, but your diagnose returns {got!r} on the same profile")
+    want = rules_verdict(summary)
+    if got[0] != want:
+        raise AssertionError(f"{name}: your diagnose says {got[0]!r}, which the rules of section 3 do not give "
+                             f"for these numbers: {numbers(summary)}")
+    if got[1] not in FIRST_FIXES[want]:
+        raise AssertionError(f"{name}: {got[0]!r} is right, but {got[1]!r} is not what the table in section 3 "
+                             "says to change first")
 
 
 def save_record(ns: dict, path: str | Path | None = None):
     """Write the notebook's headline numbers (read by name from its ``globals()``) beside it;
     returns the path written."""
     from utils.env import smoke_mode
+    from utils.profile_diagnosis import ProfileSummary
     from utils.record import Record
 
     checks.assert_defined(ns, _NEEDED)
+    prof = ns["profile"]
+    if not isinstance(prof, ProfileSummary):
+        raise ValueError("profile must be the ProfileSummary that utils.profiling.profile_steps returned")
     rec = Record.new()
     rec.add("baseline_tokens_per_s", ns["baseline_tps"], "tokens/s", "utils.timing.Stopwatch", None)
     rec.add("optimized_tokens_per_s", ns["optimized_tps"], "tokens/s", "utils.training.measure_loop", None,
@@ -35,6 +130,9 @@ def save_record(ns: dict, path: str | Path | None = None):
         r = ns[key]
         rec.add(f"{key}_peak_gib", ns[f"{key}_peak_gib"], "GiB", r["peak_source"], None,
                 **{k: r[k] for k in ("weights_gib", "optimizer_gib", "activations_gib", "quant", "tokens_per_s")})
+    rec.add("naive_profile_step_ms", prof.step_time_ms, "ms", "utils.profiling.profile_steps", None,
+            summary=prof.evidence().to_dict(), diagnosis=prof.diagnosis, bottleneck=ns["BOTTLENECK"],
+            first_fix=ns["FIRST_FIX"])
     return rec.save(path or checks.record_path(PHASE, smoke_mode()))
 
 
@@ -65,3 +163,34 @@ def finetune(lora_peak_gib, qlora_peak_gib) -> None:
     checks.assert_close(qlora_peak_gib, q, "qlora_peak_gib vs the record", rel=1e-6)
     if q > QLORA_RATIO * lo:
         raise AssertionError(f"the record's QLoRA peak {q:.3g} GiB is above {QLORA_RATIO} x LoRA's {lo:.3g}")
+
+
+def assert_variants(diagnose, summary, what: str) -> None:
+    """The learner's ``diagnose`` is right on ``summary`` with one cause made unmistakable."""
+    from utils.diagnosis_cases import variants
+
+    for how, v in variants(summary):
+        assert_right(their_verdict(diagnose, v, f"{what} {how}"), None, v, f"your diagnose on {what} {how}")
+
+
+def diagnosis(diagnose) -> None:
+    """The recorded profile's verdict follows from its numbers, and the learner's ``diagnose``,
+    run here on those numbers, gives the recorded BOTTLENECK and FIRST_FIX, both right."""
+    from utils.profile_diagnosis import ProfileSummary
+
+    checks.assert_untampered(CASE_MODULES)  # the rules that judge it run in this kernel
+    checks.assert_constants_unchanged(("utils.profile_diagnosis",))
+    rec = checks.submitted_record()
+    checks.record_spec(rec)
+    _, summary, said, bottleneck, fix = checks.recorded(rec, "naive_profile_step_ms", "summary", "diagnosis",
+                                                        "bottleneck", "first_fix")
+    try:
+        s = ProfileSummary.from_dict(summary)
+    except (ValueError, TypeError) as exc:
+        raise AssertionError(f"the record's profile cannot be read: {exc}") from None
+    if rules_verdict(s) != said:
+        raise AssertionError(f"the record's profile says {said!r}, which its own numbers do not give: it was edited")
+    assert_right(their_verdict(diagnose, s.evidence(), "your recorded profile"), (bottleneck, fix), s,
+                 "the record's BOTTLENECK, FIRST_FIX")
+    assert_variants(diagnose, s, "your recorded profile")
+    checks.record_ok(f"your diagnose gives {bottleneck!r} (fix {fix!r}) on your recorded {s.device} profile")

@@ -2,7 +2,9 @@
 
 ``summarize(trace)`` reads a trace (anything ``utils/trace_events.py``'s ``load_events``
 reads), turns the measures of ``utils/trace_metrics.py`` into per-step numbers
-(:class:`ProfileSummary`) and names the bottleneck with :func:`diagnose`'s rules.
+(:class:`ProfileSummary`) and names the bottleneck with :func:`diagnose`'s rules, one of
+:data:`BOTTLENECKS`. :meth:`ProfileSummary.evidence` is the summary without its verdict, the
+numbers alone, as phase 1 hands them to the diagnosis a learner writes.
 
 Why hand-written: Holistic Trace Analysis (``pip install HolisticTraceAnalysis``) computes a
 similar temporal breakdown (idle / compute / non-compute) but needs pandas and a trace
@@ -11,7 +13,7 @@ hundred lines on plain dicts are easier for a learner to read and for tests to p
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from utils.trace_events import KINETO_CATS, load_events
@@ -36,6 +38,10 @@ LOADER_WAIT_FRACTION = 0.20  # >= 1/5 of a step waiting on data: removing it is 
 H2D_TIME_FRACTION = 0.20  # the same bar for host-to-device copy time
 GPU_IDLE_FRACTION = 0.30  # GPU idle >= 30%: >= 1.43x is on the host side; below, the kernels dominate
 MATMUL_SHARE = 0.50  # busy GPU, matmul-class kernels >= half of kernel time: compute-bound
+# The verdicts of diagnose, in the order its rules are tried.
+BOTTLENECKS = ("data-loading-bound", "copy-bound", "host-sync-bound", "overhead-bound (launch/Python)",
+               "idle GPU, cause not named", "compute-bound", "memory-bound", "cpu-bound (no GPU in the trace)")
+VERDICT_FIELDS = ("diagnosis", "explanation", "suggestion", "findings")
 
 _SUGGEST = {
     "data-loading-bound": "Feed the GPU in parallel: DataLoader(num_workers=4 or more, pin_memory=True, "
@@ -92,6 +98,26 @@ class ProfileSummary:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ProfileSummary:
+        """The summary :meth:`to_dict` wrote (a record's, a saved JSON's); a one-line ValueError
+        for a dict that is not one."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(d, dict) or not names - set(VERDICT_FIELDS) - {"trace_path"} <= set(d):
+            got = sorted(d)[:6] if isinstance(d, dict) else type(d).__name__
+            raise ValueError(f"not a ProfileSummary dict (to_dict()): it lacks some of its numbers, got {got}")
+        try:
+            top = [OpStat(**t) if isinstance(t, dict) else t for t in d["top"]]
+        except TypeError as exc:
+            raise ValueError(f"ProfileSummary dict: 'top' must be a list of OpStat dicts ({exc})") from None
+        return cls(**{**{k: v for k, v in d.items() if k in names}, "top": top})
+
+    def evidence(self) -> ProfileSummary:
+        """A copy with the verdict left out (diagnosis, explanation, suggestion and findings
+        empty, no trace path): the numbers a diagnosis is made from, and nothing to copy."""
+        return replace(self, diagnosis="", explanation="", suggestion="", findings=[], trace_path=None,
+                       top=list(self.top), h2d_copies_by_source=dict(self.h2d_copies_by_source))
 
     def __str__(self) -> str:
         lines = [f"Profile of {self.steps} steps on {self.device}: {self.step_time_ms:.2f} ms/step",

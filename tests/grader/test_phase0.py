@@ -2,9 +2,10 @@
 
 One ``python -m grader autograde --jobs 2`` batch grades every submission built below and
 the assertions share it: the reference solution, the untouched release, hostile and broken
-notebooks, and two measurement records from a "GPU" (one plausible, one invented). Then
-``python -m grader check`` and ``release --check`` run as a self-study reader and CI would.
-The batch takes about two minutes on two cores.
+notebooks, four with one wrong roofline placement each, and two measurement records from a
+"GPU" (one plausible, one invented). Then ``python -m grader check`` and ``release --check``
+run as a self-study reader and CI would. The whole file took 6.7 minutes on the 2-core test
+machine with another job running beside it (``pytest tests/grader/test_phase0.py``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ SOURCE = ROOT / "grader" / "source" / "00_foundations" / "00_foundations.ipynb"
 RELEASE = ROOT / "notebooks" / "00_foundations.ipynb"
 PURE = {"test_intensity": 1.0, "test_rates": 2.0, "test_bound": 2.0}
 MEASURED = ("test_matmul", "test_memory", "test_roofline", "test_training", "test_limiter")
+# one wrong placement a notebook, each kernel once, both rooflines and both wrong labels among them
+# (which: the first or second label other than the right one); tests/grader/test_phase0_roofline.py
+# tries every wrong placement on the check itself
+MISPLACED = (("datasheet", "matmul", 0), ("measured", "thin_matmul", 1), ("datasheet", "elementwise", 1),
+             ("measured", "tiny_ops", 0))
 TIMEOUT_S = 20  # per cell: the infinite loop costs this much; every legit smoke cell takes a few seconds
 
 pytestmark = pytest.mark.slow
@@ -64,36 +70,53 @@ def prepend(nb: dict, gid: str, code: str) -> None:
     c["source"] = code + "\n" + _src(c)
 
 
-def gpu_record(invented: bool = False) -> dict:
+H100_SXM_BF16 = (989.0, 3350.0)  # utils.hardware's H100-SXM row (datasheet): bf16 TFLOP/s, GB/s
+
+
+def gpu_record(invented: bool = False, placements: dict | None = None) -> dict:
     """A measurement record as an H100 run of the notebook would write it.
 
     Plausible numbers (below the H100 datasheet, consistent with each other), or invented
-    ones: above the datasheet, and a throughput that does not follow from its own step times."""
+    ones: above the datasheet, and a throughput that does not follow from its own step times.
+    The plausible matmul and copy put the measured ridge (229 FLOP/B) below the thin matmul's
+    241 and the datasheet's (295) above it: compute-bound on one roofline, memory-bound on the
+    other. ``placements`` (roof -> kernel -> label) replaces the right ones."""
     from utils.flops import bound, flops_per_token_from_config
     from utils.models import preset_config
     from utils.record import Record, utils_hash
 
     rec = Record(fingerprint={"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "memory_gib": 79.1,
                               "compute_capability": "9.0", "torch": "2.11.0"}, utils_sha256=utils_hash())
-    n, numel, ops = 8192, 1 << 28, 2000
-    mm_ms, copy_ms, ew_ms, tiny_ms, full_ms = (0.3, 0.2, 0.21, 12.0, 50.0) if invented else (1.4, 0.716, 0.75, 12.0, 300.0)
+    n, k, numel, ops = 8192, 256, 1 << 28, 2000
+    mm_ms, copy_ms, ew_ms, tiny_ms, full_ms = (0.3, 0.2, 0.21, 12.0, 50.0) if invented else (1.6, 0.716, 0.75, 12.0, 300.0)
+    thin_ms = 0.0687
 
     def t(ms):
         return {"median_ms": ms, "p20_ms": ms * 0.99, "p80_ms": ms * 1.01, "runs": 30}
 
     mm_tf = 2 * n**3 / (mm_ms * 1e-3) / 1e12
+    thin_fl, thin_by = 2 * n * k * n, (2 * n * k + n * n) * 2
+    thin_tf = thin_fl / (thin_ms * 1e-3) / 1e12
     copy_gbs = 2 * numel * 4 / (copy_ms * 1e-3) / 1e9
     ew_gbs, ew_tf = 2 * numel * 4 / (ew_ms * 1e-3) / 1e9, numel / (ew_ms * 1e-3) / 1e12
     tiny_tf = ops / (tiny_ms * 1e-3) / 1e12
-    place = {k: bound(i, mm_tf, copy_gbs, a) for k, i, a in
-             (("matmul", 2 * n / 6, mm_tf), ("elementwise", 0.125, ew_tf), ("tiny_ops", 0.125, tiny_tf))}
+    kernels = {"matmul": (2 * n / 6, mm_tf), "thin_matmul": (thin_fl / thin_by, thin_tf), "elementwise": (0.125, ew_tf),
+               "tiny_ops": (0.125, tiny_tf)}
+    roofs = {"datasheet": H100_SXM_BF16, "measured": (mm_tf, copy_gbs)}
+    place = placements or {roof: {name: bound(i, *roofs[roof], a) for name, (i, a) in kernels.items()} for roof in roofs}
+
+    def placed(name):
+        return {roof: place[roof][name] for roof in place}
+
     rec.add("matmul_tflops", mm_tf, "TFLOP/s", "cuda_events", 0.02, n=n, dtype="bfloat16", flops=2 * n**3,
-            bytes=3 * n * n * 2, placement=place["matmul"], **t(mm_ms))
+            bytes=3 * n * n * 2, placements=placed("matmul"), **t(mm_ms))
+    rec.add("thin_matmul_tflops", thin_tf, "TFLOP/s", "cuda_events", 0.02, n=n, k=k, dtype="bfloat16", flops=thin_fl,
+            bytes=thin_by, placements=placed("thin_matmul"), **t(thin_ms))
     rec.add("copy_gbs", copy_gbs, "GB/s", "cuda_events", 0.02, bytes=2 * numel * 4, **t(copy_ms))
     rec.add("elementwise_gbs", ew_gbs, "GB/s", "cuda_events", 0.02, flops=numel, bytes=2 * numel * 4, tflops=ew_tf,
-            placement=place["elementwise"], **t(ew_ms))
+            placements=placed("elementwise"), **t(ew_ms))
     rec.add("tiny_ops_tflops", tiny_tf, "TFLOP/s", "cuda_events", 0.05, flops=ops, bytes=ops * 8,
-            placement=place["tiny_ops"], **t(tiny_ms))
+            placements=placed("tiny_ops"), **t(tiny_ms))
     steps, total_s, tokens_per_step = 98, 29.4, 16 * 1024
     tps = tokens_per_step * steps / total_s * (20 if invented else 1)
     rec.add("train_tokens_per_s", tps, "tokens/s", "cuda_events", None, tokens_per_step=tokens_per_step, steps=steps,
@@ -178,6 +201,14 @@ def batch(tmp_path_factory):
     for c in bare["cells"]:
         c["metadata"] = {}
     put("no_metadata", bare)
+
+    for roof, kernel, which in MISPLACED:  # one wrong label, put in after the reference placements
+        nb = answered()
+        c = _cell(nb, "placement_answer")
+        c["source"] = _src(c).replace("### END SOLUTION", (
+            f"placements[{roof!r}][{kernel!r}] = [label for label in ('compute', 'memory', 'overhead')\n"
+            f"                                  if label != placements[{roof!r}][{kernel!r}]][{which}]\n### END SOLUTION"))
+        put(f"misplaced_{roof}_{kernel}", nb)
 
     put("invented_record", answered())
     (subs / "invented_record.record.json").write_text(json.dumps(gpu_record(invented=True)))
@@ -286,12 +317,21 @@ def test_invented_record_is_caught(batch):
     assert "not physically possible" in _messages(r)
 
 
+@pytest.mark.parametrize("roof, kernel, which", MISPLACED)
+def test_a_wrong_placement_loses_the_roofline_cell_only(batch, roof, kernel, which):
+    r = batch["results"][f"misplaced_{roof}_{kernel}"]
+    scores = _scores(r)
+    assert scores["test_roofline"] == 0, _messages(r)
+    assert r["score"] == r["max_score"] - 2, _messages(r)
+    assert f"placements[{roof!r}][{kernel!r}]" in _messages(r)
+
+
 def test_grades_csv_has_nbgrader_export_columns_and_status(batch):
     rows = batch["rows"]
     first = next(iter(rows.values()))
     for col in ("assignment", "student_id", "raw_score", "score", "max_score", "status"):
         assert col in first
-    assert len(rows) == 12
+    assert len(rows) == 12 + len(MISPLACED)
     for sid in ("reference", "hostile", "release"):
         assert (batch["out"] / "feedback" / sid / "00_foundations.html").is_file()
 

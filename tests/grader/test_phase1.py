@@ -1,8 +1,10 @@
 """The grader against the phase-1 notebook: real ``python -m grader check`` runs on CPU (smoke mode).
 
-The reference solution scores full marks, the untouched release scores zero, and a submission
-with a wrong diagnosis, a precision the device does not suit and a wrong cause loses exactly
-those cells. About a minute and a half on two cores.
+The reference solution scores full marks, the untouched release scores zero, a submission with
+a constant ``diagnose``, a precision the device does not suit and a wrong cause loses exactly
+those cells, and one whose ``diagnose`` copies the summary's own verdict loses the two diagnosis
+cells. tests/grader/test_phase1_diagnosis.py tries every kind of wrong ``diagnose`` on the checks
+themselves.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from tests.nbcells import src as _src
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "grader" / "source" / "01_single_gpu" / "01_single_gpu.ipynb"
 RELEASE = ROOT / "notebooks" / "01_single_gpu.ipynb"
-MAX = 14
+MAX = 17
+DIAGNOSIS = ("test_diagnosis", "test_unseen")
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +41,20 @@ def _edit(nb: dict, gid: str, old: str, new: str) -> None:
     cell["source"] = _src(cell).replace(old, new)
 
 
+def _cell_src(nb: dict, gid: str, source: str) -> None:
+    next(c for c in nb["cells"] if _gid(c) == gid)["source"] = source
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("phase1")
     wrong = answered()
-    _edit(wrong, "profile_answer", "BOTTLENECK = profile.diagnosis", 'BOTTLENECK = "data-loading-bound"')
+    _cell_src(wrong, "diagnose_function", 'def diagnose(summary):\n    return "data-loading-bound", "num_workers"\n')
     _edit(wrong, "optimized_answer", "precision=PRECISION,", 'precision="fp16",')
     _edit(wrong, "cause_answer", "CAUSE = max(single_peaks, key=single_peaks.get)", 'CAUSE = "autocast"')
-    subs = {"ref": answered(), "rel": json.loads(RELEASE.read_text()), "wrong": wrong}
+    copies = answered()  # the summary's own verdict: blank on every summary the hidden tests hand it
+    _cell_src(copies, "diagnose_function", "def diagnose(summary):\n    return summary.diagnosis, None\n")
+    subs = {"ref": answered(), "rel": json.loads(RELEASE.read_text()), "wrong": wrong, "copies": copies}
     runs = check_each(ROOT, subs, tmp)
     return {name: (rc, out, res) for name, (rc, out, err, res) in runs.items()}
 
@@ -67,10 +76,21 @@ def test_wrong_answers_lose_their_cells_only(graded):
     rc, out, res = graded["wrong"]
     scores = _scores(res)
     assert rc == 1
-    assert scores["test_diagnosis"] == 0 and scores["test_optimized"] == 0 and scores["test_cause"] == 0, out
+    assert all(scores[c] == 0 for c in (*DIAGNOSIS, "test_optimized", "test_cause")), out
     assert scores["test_rates"] == 2 and scores["test_baseline"] == 2 and scores["test_finetune"] == 3, out
     msgs = " | ".join(c.get("message", "") for c in res["cells"])
-    assert "BOTTLENECK" in msgs and "precision" in msgs and "CAUSE" in msgs
+    # the constant is wrong on the naive loop's own profile, and on the first clear-cut summary the visible test tries
+    assert "your diagnose says 'data-loading-bound'" in msgs and "a clear-cut" in msgs, msgs
+    assert "precision" in msgs and "CAUSE" in msgs
+
+
+def test_a_diagnose_that_copies_the_verdict_loses_both_diagnosis_cells_only(graded):
+    rc, out, res = graded["copies"]
+    scores = _scores(res)
+    assert rc == 1 and all(scores[c] == 0 for c in DIAGNOSIS), out
+    assert res["score"] == MAX - 5, out
+    msgs = " | ".join(c.get("message", "") for c in res["cells"])
+    assert "the bottleneck '' on your profile: it must be one of" in msgs and "returned ('', None)" in msgs, msgs
 
 
 def test_release_is_current_and_clean():
@@ -78,7 +98,8 @@ def test_release_is_current_and_clean():
 
     text = released_text("01_single_gpu")
     assert text == RELEASE.read_text(), "notebooks/ is stale: run python -m grader release"
-    for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "_p1.check_", "BOTTLENECK = profile.diagnosis"):
+    for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "_p1.check_", "BOTTLENECK, FIRST_FIX = diagnose(profile)\\n",
+                   'return \\"host-sync-bound\\", \\"sync_every_step\\"'):  # solution lines as the JSON text has them
         assert marker not in text
 
 
