@@ -20,7 +20,9 @@ in the learner's kernel, and a container protects the grading machine, not the g
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -32,10 +34,12 @@ from grader import COURSE_ROOT, REPO_ROOT, SOURCE_DIR
 
 CONFIG_FILE = COURSE_ROOT / "nbgrader_config.py"
 TIMEOUT_VAR = "GPULAB_CELL_TIMEOUT"  # seconds per cell while grading, overrides the default
-SMOKE_TIMEOUT_S = 60  # a phase-0 cell takes a few seconds in smoke mode; 60 leaves room on a busy CI core
+SMOKE_TIMEOUT_S = 60  # on the reference 2-core machine; scaled by its speed and load (grader.remeasure.timeout_factor)
 GPU_TIMEOUT_S = 600  # GPU sizes train for minutes in one cell on a T4
 SERVING_LABS = ("03_inference_serving", "04_benchmarking_production")  # a cell starts an engine
 ENGINE_SMOKE_TIMEOUT_S = 900  # vLLM's CPU build starts in 50-110 s on 2 quiet cores, several times that when shared
+IOPUB_TIMEOUT_S = 30  # a cell's last output after its reply, or after its timeout's interrupt (nbclient's default: 4)
+STARTUP_TIMEOUT_S = 60  # a kernel's start (nbclient's default), scaled like the smoke timeout
 
 
 class CourseError(Exception):
@@ -61,32 +65,60 @@ def notebook_name(assignment: str, source_dir: Path = SOURCE_DIR) -> str:
     return nbs[0]
 
 
-def default_timeout_s(assignment: str | None = None) -> int:
-    """Per-cell limit: ``GPULAB_CELL_TIMEOUT``, else 60 s in smoke mode and 600 s on a GPU; in
-    smoke mode a serving lab gets 900 s where vLLM is installed (its cells start vLLM's CPU build)."""
-    raw = os.environ.get(TIMEOUT_VAR, "").strip()
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise CourseError(f"{TIMEOUT_VAR}={raw!r} is not a whole number of seconds") from None
-        if value <= 0:
-            raise CourseError(f"{TIMEOUT_VAR} must be positive, got {value}")
-        return value
+@dataclasses.dataclass(frozen=True)
+class CellTimeout:
+    """A grading run's per-cell limit, why it is that, and the kernel start and output waits that
+    scale with it (seconds)."""
+
+    seconds: int
+    why: str
+    iopub_s: int = IOPUB_TIMEOUT_S
+    startup_s: int = STARTUP_TIMEOUT_S
+
+
+def cell_timeout(assignment: str | None = None, jobs: int = 1, override: int | None = None) -> CellTimeout:
+    """The per-cell limit of a grading run. ``override`` (``--timeout``) or ``GPULAB_CELL_TIMEOUT``
+    when given; else 600 s on a GPU; in smoke mode 60 s (900 s for a serving lab where vLLM is
+    installed: its cells start vLLM's CPU build) on the reference 2-core machine, times this
+    machine's measured slowness and load (:func:`grader.remeasure.timeout_factor`, measured here,
+    once). The kernel start and output waits scale by the same factor in every case."""
+    from grader import remeasure
     from utils.env import smoke_mode
 
+    override = override or None  # 0 means "not given", as it always did
+    factor, why = remeasure.timeout_factor(remeasure.machine_speed(), jobs)
+    waits = {"iopub_s": math.ceil(IOPUB_TIMEOUT_S * factor), "startup_s": math.ceil(STARTUP_TIMEOUT_S * factor)}
+    source = "--timeout"
+    raw = os.environ.get(TIMEOUT_VAR, "").strip()
+    if override is None and raw:
+        try:
+            override, source = int(raw), TIMEOUT_VAR
+        except ValueError:
+            raise CourseError(f"{TIMEOUT_VAR}={raw!r} is not a whole number of seconds") from None
+        if override <= 0:
+            raise CourseError(f"{TIMEOUT_VAR} must be positive, got {override}")
+    if override is not None:
+        return CellTimeout(int(override), f"{int(override)} s, as {source} gives (this machine: {why})", **waits)
     if not smoke_mode():
-        return GPU_TIMEOUT_S
+        return CellTimeout(GPU_TIMEOUT_S, f"{GPU_TIMEOUT_S} s, the GPU default (GPU cells are not CPU-bound)", **waits)
+    base = SMOKE_TIMEOUT_S
     if assignment in SERVING_LABS:
         from utils import engines
 
         if engines.available("vllm")[0]:
-            return ENGINE_SMOKE_TIMEOUT_S
-    return SMOKE_TIMEOUT_S
+            base = ENGINE_SMOKE_TIMEOUT_S
+    seconds = int(math.ceil(base * factor / 10) * 10)
+    return CellTimeout(seconds, f"{seconds} s: the {base} s smoke default {why}", **waits)
 
 
-def load_config(root: Path, timeout_s: int | None = None):
-    """The course's ``nbgrader_config.py``, pointed at the course copy ``root``."""
+def default_timeout_s(assignment: str | None = None) -> int:
+    """:func:`cell_timeout`'s seconds for one job."""
+    return cell_timeout(assignment).seconds
+
+
+def load_config(root: Path, timeout_s: int | None = None, iopub_s: int | None = None, startup_s: int | None = None):
+    """The course's ``nbgrader_config.py``, pointed at the course copy ``root``, with the per-cell,
+    output and kernel start limits given (:class:`CellTimeout`)."""
     from traitlets.config import Config
     from traitlets.config.loader import PyFileConfigLoader
 
@@ -96,6 +128,10 @@ def load_config(root: Path, timeout_s: int | None = None):
     extra.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
     if timeout_s is not None:
         extra.Execute.timeout = int(timeout_s)
+    if iopub_s is not None:
+        extra.Execute.iopub_timeout = int(iopub_s)
+    if startup_s is not None:
+        extra.Execute.startup_timeout = int(startup_s)
     cfg.merge(extra)
     return cfg
 
@@ -317,12 +353,13 @@ def feedback_path(root: Path, assignment: str, student: str) -> Path:
     return root / "feedback" / student / assignment / f"{assignment}.html"
 
 
-def autograde(root: Path, assignment: str, student: str, timeout_s: int) -> str:
+def autograde(root: Path, assignment: str, student: str, timeout_s: int, iopub_s: int | None = None,
+              startup_s: int | None = None) -> str:
     """nbgrader autograde of one submission in the course copy ``root``; returns the log."""
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
 
-    cfg = load_config(root, timeout_s)
+    cfg = load_config(root, timeout_s, iopub_s, startup_s)
     coursedir = CourseDirectory(config=cfg)
     coursedir.assignment_id = assignment
     coursedir.student_id = student

@@ -130,6 +130,8 @@ def workload_valid(desc: dict, sizes: dict) -> None:
 
 def _same_load(w: dict, desc: dict, what: str, keys: tuple = MATCH_KEYS) -> None:
     for k in keys:
+        if k == "seed" and desc.get(k) is None and isinstance(w.get(k), int):
+            continue  # no seed set: each run draws its own and records it (utils/loadgen/workloads.py)
         if w.get(k) != desc.get(k):
             raise AssertionError(f"{what} ran {k}={w.get(k)!r}, but WORKLOAD has {desc.get(k)!r}: not the workload "
                                  "you defined (re-run it after changing WORKLOAD)")

@@ -111,7 +111,7 @@ def check_points(matmul_tflops, matmul_time, copy_gbs, copy_time) -> None:
         checks.say_versus(f"{n}^3 matmul", mm["tflops"], matmul_tflops, "TFLOP/s", rel_mm)
         checks.say_versus("copy", cp["gbs"], copy_gbs, "GB/s", rel_cp)
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)
 
 
 # -- 2. cost from your own measurements ------------------------------------------------------
@@ -211,7 +211,7 @@ def check_measured_costs(samples_per_s, train, decode, usd_per_sample, usd_per_m
             checks.assert_in_band(decode[b]["tpot_ms"], ref_d["tpot_ms"], rel, f"decode[{b}]['tpot_ms']", "ms")
             checks.say_versus(f"decode TPOT at batch {b}", ref_d["tpot_ms"], decode[b]["tpot_ms"], "ms", rel)
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)
 
 
 def check_spot(spot_expected_cost_usd) -> None:
@@ -278,7 +278,7 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
             checks.assert_in_band(my_bandwidth_gbs, cp["gbs"], rel_cp, "MY_BANDWIDTH_GBS (your copy_gbs)", "GB/s")
             checks.say_versus("copy", cp["gbs"], my_bandwidth_gbs, "GB/s", rel_cp)
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)
     checks.say(f"  answer: {answer.n_gpus} x {answer.choice.name}, ${answer.usd_per_hour:.4g}/h, as the reference "
                "gives from your numbers")
 
@@ -388,7 +388,7 @@ def check_checkpoint_overhead(checkpoint_overhead_pct, overhead, sync_overhead_p
         checks.say_versus("training step", ref["step"].median_ms, step, "ms", rel_step)
         checks.say_versus("synchronous checkpoint", ref["sync_save"].median_ms, sync, "ms", rel_save)
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)
 
 
 # -- 5. XLA recompilation -----------------------------------------------------------------------

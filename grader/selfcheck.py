@@ -77,6 +77,8 @@ def format_table(res: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(f"score {res['score']:g} / {res['max_score']:g}    status: {res['status']}")
+    if res.get("timeout_why"):
+        lines.append(f"per-cell time limit: {res['timeout_why']}")
     for note in res.get("notes", []):
         if note.startswith("screen: "):
             lines.append(f"  {note.removeprefix('screen: ')}")

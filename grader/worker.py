@@ -18,14 +18,24 @@ KERNEL_DEATH_RETRIES = 1  # a dead kernel is graded once more: a machine's fault
 MARK = "grader:"  # grader/checks.py prints "grader: measured live ..." / "grader: graded from record ..."
 
 
-def cell_reports(nb_path: Path) -> dict[str, dict]:
-    """Per test cell: how it was graded and the first line of what went wrong."""
+def _timed_out(cell: dict) -> bool:
+    return any(o.get("output_type") == "error" and o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", []))
+
+
+def cell_reports(nb_path: Path, timeout_why: str = "") -> dict[str, dict]:
+    """Per test cell: how it was graded and the first line of what went wrong. A test cell that
+    fails after an earlier cell timed out says so: what that cell would have defined is missing,
+    and the timeout (``timeout_why``: its length and why) may be the machine's, not the learner's."""
     if not nb_path.is_file():
         return {}
     nb = json.loads(nb_path.read_text())
-    out = {}
+    out, first_timeout = {}, None
     for cell in nb["cells"]:
         md = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") == "code" and first_timeout is None and _timed_out(cell):
+            first_timeout = md.get("grade_id") or "".join(cell.get("source", ""))[:40].strip()
+            if not md.get("grade"):
+                continue
         if not md.get("grade") or cell.get("cell_type") != "code":
             continue
         mode, message = "", ""
@@ -46,23 +56,28 @@ def cell_reports(nb_path: Path) -> dict[str, dict]:
             elif o.get("output_type") == "error":
                 ename, evalue = o.get("ename", "Error"), str(o.get("evalue", "")).strip()
                 if ename == "CellTimeoutError":
-                    message = "timed out"
-                else:
+                    message = "timed out" + (f" (per-cell limit {timeout_why})" if timeout_why else "")
+                elif not message.startswith("timed out"):
                     message = f"{ename}: {evalue.splitlines()[0] if evalue else ''}"[:300]
+        if message and first_timeout is not None and not message.startswith("timed out"):
+            message += (f" [an earlier cell, {first_timeout!r}, timed out"
+                        + (f" (per-cell limit {timeout_why})" if timeout_why else "") + ": what it defines may be missing]")
         out[md["grade_id"]] = {"mode": mode or "-", "message": message}
     return out
 
 
-def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback: bool) -> dict:
+def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback: bool, iopub_s: int | None = None,
+          startup_s: int | None = None, timeout_why: str = "") -> dict:
     from grader import course as C
 
-    result = {"student_id": student, "assignment": assignment, "status": "ok", "notes": []}
+    result = {"student_id": student, "assignment": assignment, "status": "ok", "notes": [],
+              "timeout_s": timeout_s, "timeout_why": timeout_why}
     for attempt in range(1 + KERNEL_DEATH_RETRIES):
         result["status"] = "ok"
         try:
-            C.autograde(course, assignment, student, timeout_s)
+            C.autograde(course, assignment, student, timeout_s, iopub_s, startup_s)
         except C.CourseError as exc:
-            result["status"] = str(exc)
+            result["status"] = str(exc) + (f" (per-cell limit {timeout_why})" if "timeout" in str(exc) and timeout_why else "")
         finally:
             C.kill_descendants()  # nothing the notebook started may outlive its grading
         if result["status"] != C.KERNEL_DIED:
@@ -71,7 +86,7 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
             result["notes"].append("the kernel died during grading (on a shared machine the OOM killer or "
                                    "another job can do that); the notebook was graded again from the start")
     grades = C.read_grades(course, assignment, student)
-    reports = cell_reports(C.autograded_path(course, assignment, student))
+    reports = cell_reports(C.autograded_path(course, assignment, student), timeout_why)
     for cell in grades["cells"]:
         rep = reports.get(cell["cell"], {"mode": "-", "message": "not run" if result["status"] != "ok" else ""})
         cell.update(rep)
@@ -95,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--assignment", required=True)
     p.add_argument("--student", required=True)
     p.add_argument("--timeout", type=int, required=True)
+    p.add_argument("--iopub-timeout", type=int, help="seconds a cell's last output may take after its reply")
+    p.add_argument("--startup-timeout", type=int, help="seconds a kernel may take to start")
+    p.add_argument("--timeout-why", default="", help="how the per-cell limit was chosen, for the result")
     p.add_argument("--result", type=Path, required=True)
     p.add_argument("--no-feedback", action="store_true")
     a = p.parse_args(argv)
@@ -103,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     C.prepare_process_env(a.course / "jupyter")
     C.become_subreaper()
     try:
-        result = grade(a.course, a.assignment, a.student, a.timeout, not a.no_feedback)
+        result = grade(a.course, a.assignment, a.student, a.timeout, not a.no_feedback, a.iopub_timeout,
+                       a.startup_timeout, a.timeout_why)
     except Exception as exc:  # the batch must go on: report, do not crash
         traceback.print_exc()
         result = {"student_id": a.student, "assignment": a.assignment, "score": 0.0, "cells": [],

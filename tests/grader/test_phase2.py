@@ -31,7 +31,10 @@ RELEASE = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
 POINTS = {"test_memory": 2, "test_busbw": 1, "test_allreduce": 3, "test_scaling": 3, "test_breaks": 2,
           "test_explanation": 2, "test_parallelism": 2}
 MEASURED = ("test_allreduce", "test_scaling")
-TIMEOUT_S = 150  # per cell: the scaling check launches two training runs (twice, if the first misses the band)
+# per cell: a bound for a stuck cell, not a budget. The scaling check launches two training runs (twice, if
+# the first misses the band), and a loaded CI machine makes that several times longer
+# (docs/grading.md#cell-timeouts-from-the-machines-speed)
+TIMEOUT_S = 600
 
 
 # -- the batch: reference and release, graded for real ----------------------------------------------

@@ -118,7 +118,7 @@ def test_solution_passes_the_pure_checks(phase4):
 
     docs = [d for f in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     p4.check_gpu_limits(_solution("gpu_limits_answer", "\nprint(")["gpu_limits"], docs)
-    assert p4.reference_gpu_limits(docs) == {"Deployment/vllm/vllm": {"nvidia.com/gpu": 1}}
+    assert p4.reference_gpu_limits(docs)["Deployment/vllm/vllm"] == {"nvidia.com/gpu": 1}
 
 
 @pytest.mark.parametrize("replace, match", [
@@ -373,3 +373,67 @@ def test_slos_are_judged_on_the_unloaded_runs_the_learner_saw():
     other = _fake_run(dataclasses.replace(base, concurrency=1, input_len=128), "first", 10.4, 8.0, 0.3)
     with pytest.raises(AssertionError, match="input_len"):
         R.sweep_ran(slow, desc, 2, other)
+
+
+# -- the re-measured goodput when the grader's own runs are unusable -------------------------------
+
+class _Load:
+    """A grader.remeasure.Load whose window reports ``loaded`` (set on the class by the test)."""
+
+    loaded, slowdown = False, 1.0
+
+    def close(self):
+        return self
+
+    def describe(self):
+        return "made-up load" if self.loaded else "made-up quiet machine"
+
+
+def _goodput_without_an_engine(p4, monkeypatch, grader_runs, loaded: bool, your_tpot_ms: float = 6.0):
+    """check_goodput with its engine checks stubbed out and the grader's runs (goodput, p95) made
+    up, its one-at-a-time TPOT 5 ms: the decision on them is what is tested, on a machine as loaded
+    as ``loaded`` says, the learner's operating run at 22.47 req/s, p95 300 ms, TPOT ``your_tpot_ms``."""
+    server = SimpleNamespace(base_url="http://127.0.0.1:1", model="m")
+    monkeypatch.setattr(p4, "_engine_ok", lambda s: None)
+    monkeypatch.setattr(p4.records, "workload_desc", lambda w: {"base_url": server.base_url, "model": server.model})
+    monkeypatch.setattr(p4.records, "operating_run_ok", lambda *a, **k: None)
+    monkeypatch.setattr(p4, "measure_operating", lambda w, rate: [{"goodput": {"request_goodput": g},
+                                                                   "e2el_ms": {"p95": e}} for g, e in grader_runs])
+    monkeypatch.setattr(p4, "measure_synchronous", lambda w: {"tpot_ms": {"p50": 5.0}})
+    monkeypatch.setattr(_Load, "loaded", loaded)
+    monkeypatch.setattr(p4.remeasure, "Load", _Load)
+    monkeypatch.setattr(p4.checks, "NOISY_PAUSE_S", 0.0)
+    yours = {"goodput": {"request_goodput": 22.47}, "e2el_ms": {"p95": 300.0}, "tpot_ms": {"p50": your_tpot_ms}}
+    return lambda goodput=22.47: p4.check_goodput(server, None, 8.0, dict(yours, goodput={"request_goodput": goodput}),
+                                                  goodput, 300.0)
+
+
+def test_a_grader_goodput_of_zero_under_load_is_not_held_against_the_learner(phase4, monkeypatch, capsys):
+    check = _goodput_without_an_engine(phase4(), monkeypatch, [(0.0, 9000.0)] * 3, loaded=True)
+    check()  # what CI saw beside a CPU-heavy process: 22.47 req/s against the grader's 0
+    out = capsys.readouterr().out
+    assert "not compared, so not counted against you" in out and "did not keep up (goodput 0, 0, 0 req/s" in out, out
+    assert "grader 5 ms, your operating run's 6 ms" in out
+
+
+def test_a_grader_goodput_of_zero_on_a_quiet_machine_fails(phase4, monkeypatch):
+    check = _goodput_without_an_engine(phase4(), monkeypatch, [(0.0, 9000.0)] * 3, loaded=False)
+    with pytest.raises(AssertionError, match="did not keep up .*, in all 4 tries on a quiet machine"):
+        check()
+
+
+def test_a_made_up_fast_run_fails_even_when_the_grader_cannot_keep_up(phase4, monkeypatch):
+    # a consistent run with a made-up TPOT of 0.1 ms, on a machine loaded enough that the grader's runs queue
+    check = _goodput_without_an_engine(phase4(), monkeypatch, [(0.0, 9000.0)] * 3, loaded=True, your_tpot_ms=0.1)
+    with pytest.raises(AssertionError, match="operating's TPOT p50 = 0.1 ms, but the grader re-measured 5 ms"):
+        check()
+
+
+def test_ten_times_the_grader_goodput_fails_loaded_or_not(phase4, monkeypatch, capsys):
+    for loaded in (False, True):
+        check = _goodput_without_an_engine(phase4(), monkeypatch, [(20.0, 280.0), (21.0, 300.0), (22.0, 310.0)], loaded)
+        monkeypatch.setattr(_Load, "slowdown", 4.0)  # the most a band is widened for (grader.remeasure.MAX_SLOWDOWN)
+        check(22.47)  # honest: inside the band
+        with pytest.raises(AssertionError, match="goodput_rps = 210 req/s, but the grader re-measured 21 req/s"):
+            check(210.0)
+    assert "widened for load (x4): made-up load" in capsys.readouterr().out  # and still outside, at x8

@@ -31,7 +31,10 @@ POINTS = {"test_speedup": 1, "test_points": 2, "test_cost_functions": 2, "test_m
           "test_resume": 3, "test_checkpoint_overhead": 2, "test_spot": 2, "test_recompiles": 3, "test_topology": 1}
 FROM_RECORD = ("test_points", "test_measured_costs", "test_right_sizing", "test_checkpoint_overhead")
 ALWAYS_LIVE = ("test_resume", "test_recompiles")
-TIMEOUT_S = 150  # per cell: the kill-and-resume cells run three training processes on shared cores
+# per cell: a bound for a stuck cell, not a budget. The kill-and-resume cells run three training processes on
+# shared cores, and a loaded CI machine makes that several times longer
+# (docs/grading.md#cell-timeouts-from-the-machines-speed)
+TIMEOUT_S = 600
 
 pytestmark = pytest.mark.slow
 
