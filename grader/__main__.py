@@ -2,7 +2,9 @@
 
 A thin argparse layer over functions the tests call too (release.release,
 selfcheck.check_notebook, batch.grade_batch). Errors a user can fix are one line on stderr
-and exit status 2.
+and exit status 2. ``release --student-repo DIR`` then writes the student edition
+(grader/edition.py); in that edition, which has no ``grader/source/``, this command line is
+grader/student_check.py's (the visible tests only).
 """
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from pathlib import Path
 def _cmd_release(a) -> int:
     from grader.release import release
 
+    dest = None
+    if a.student_repo is not None:
+        from grader.edition import check_destination
+
+        dest = check_destination(a.student_repo)  # before the release's minutes, not after
     lines = release(check=a.check)
     for line in lines:
         print(line)
@@ -24,6 +31,11 @@ def _cmd_release(a) -> int:
         print("notebooks/ is up to date with grader/source/")
     elif not lines:
         print("notebooks/ was already up to date")
+    if dest is not None:
+        from grader.edition import write_edition
+
+        for line in write_edition(dest):
+            print(line)
     return 0
 
 
@@ -42,6 +54,7 @@ def _cmd_check(a) -> int:
 
 
 def _cmd_autograde(a) -> int:
+    from grader import gpus, shard
     from grader.batch import grade_batch
     from grader.course import notebook_name
     from grader.submissions import find_submissions
@@ -52,20 +65,66 @@ def _cmd_autograde(a) -> int:
         print(f"no submissions of {a.assignment} in {a.submissions} (expected <student>.ipynb or "
               f"submitted/<student>/{a.assignment}/{a.assignment}.ipynb)", file=sys.stderr)
         return 2
-    results = grade_batch(a.assignment, subs, a.out, jobs=a.jobs, timeout_s=a.timeout, progress=not a.quiet,
-                          screen=not a.no_screen)
+    class_size, positions = len(subs), None
+    if a.shard:
+        k, n = shard.parse(a.shard)
+        picked = shard.select(subs, k, n)
+        positions = {s.student_id: i for i, s in picked}
+        subs = [s for _, s in picked]
+    plan = gpus.plan(a.jobs, share=a.share_gpus)
+    results = grade_batch(a.assignment, subs, a.out, jobs=plan.jobs, timeout_s=a.timeout, progress=not a.quiet,
+                          screen=not a.no_screen, gpu_plan=plan) if subs else []
+    if positions is not None:
+        if not subs:
+            grade_batch_outputs_empty(a.out)
+        shard.write_manifest(a.out, a.assignment, k, n, class_size, positions)
     for r in results:
         print(f"{r['student_id']:<24} {r['score']:>6g} / {r['max_score']:<6g} {r['status']}")
     print(f"wrote {a.out / 'grades.csv'} and feedback under {a.out / 'feedback'}")
     return 0
 
 
+def grade_batch_outputs_empty(out: Path) -> None:
+    """A shard with no submissions (more shards than students) still writes its outputs."""
+    import csv
+
+    from grader.batch import CSV_COLUMNS
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "grades.csv", "w", newline="") as fh:
+        csv.DictWriter(fh, fieldnames=CSV_COLUMNS).writeheader()
+    (out / "results.json").write_text("[]")
+
+
+def _cmd_report(a) -> int:
+    from utils import portfolio
+
+    return portfolio.main(a.args)
+
+
+def _cmd_merge(a) -> int:
+    from grader import shard
+
+    s = shard.merge(a.outputs, a.out)
+    print(f"merged {s['shards']} shards of {s['assignment']}: {s['students']} submissions; wrote "
+          f"{a.out / 'grades.csv'} and feedback under {a.out / 'feedback'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    from grader import SOURCE_DIR
+
+    if not SOURCE_DIR.is_dir():  # the student edition: nothing to grade against here, only the visible tests
+        from grader.student_check import main as student_main
+
+        return student_main(argv)
     p = argparse.ArgumentParser(prog="python -m grader", description="Release and grade the course notebooks.")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("release", help="write notebooks/ from grader/source/ (nbgrader generate_assignment)")
     r.add_argument("--check", action="store_true", help="exit 1 if notebooks/ is out of date; write nothing")
+    r.add_argument("--student-repo", type=Path, metavar="DIR",
+                   help="then write the student edition (no solutions, no hidden tests) into DIR, a new or empty folder")
     r.set_defaults(fn=_cmd_release)
 
     c = sub.add_parser("check", help="grade one notebook with its hidden tests (self-study)")
@@ -84,24 +143,46 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--submissions", type=Path, required=True,
                    help="folder of <student>.ipynb, or nbgrader's [submitted/]<student>/<assignment>/ layout")
     g.add_argument("--out", type=Path, required=True, help="grades.csv, results.json, feedback/ go here")
-    g.add_argument("--jobs", type=int, default=1, help="submissions graded at once (each runs its own kernel)")
+    g.add_argument("--jobs", type=int, default=None,
+                   help="submissions graded at once, each in its own kernel (default: one per visible GPU, each pinned "
+                        "to its own; 1 without a GPU)")
+    g.add_argument("--share-gpus", action="store_true",
+                   help="allow more jobs than GPUs (their measurements disturb each other; the feedback says so)")
+    g.add_argument("--shard", metavar="K/N", help="grade only the K-th of N shares of the class (merge them after)")
     g.add_argument("--timeout", type=int, help="seconds per cell (default 60 in smoke mode, 600 on a GPU)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument("--no-screen", action="store_true",
                    help="grade flagged submissions too (after reviewing their findings in results.json)")
     g.set_defaults(fn=_cmd_autograde)
 
+    rp = sub.add_parser("report", add_help=False,
+                        help="a lab's results as a project README with plots (python -m utils.portfolio; --help there)")
+    rp.add_argument("args", nargs=argparse.REMAINDER)
+    rp.set_defaults(fn=_cmd_report)
+
+    m = sub.add_parser("merge", help="combine the outputs of autograde --shard K/N into one grades.csv")
+    m.add_argument("outputs", type=Path, nargs="+", help="the --out folder of every shard")
+    m.add_argument("--out", type=Path, required=True, help="where the merged grades.csv, results.json, feedback/ go")
+    m.set_defaults(fn=_cmd_merge)
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["report"]:  # its own parser: argparse's REMAINDER drops a leading --help
+        return _cmd_report(argparse.Namespace(args=argv[1:]))
     a = p.parse_args(argv)
-    if getattr(a, "jobs", 1) < 1:
+    if getattr(a, "check", False) and getattr(a, "student_repo", None) is not None:
+        p.error("--student-repo writes files and --check writes none: use one or the other")
+    if (getattr(a, "jobs", None) or 1) < 1:
         p.error("--jobs must be at least 1")
     if getattr(a, "timeout", None) is not None and a.timeout <= 0:
         p.error("--timeout must be a positive number of seconds")
     from grader.course import CourseError
+    from grader.gpus import GpuPlanError
+    from grader.shard import ShardError
     from grader.submissions import SubmissionError
 
     try:
         return a.fn(a)
-    except (CourseError, SubmissionError) as exc:
+    except (CourseError, SubmissionError, ShardError, GpuPlanError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -35,7 +35,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from grader import REPO_ROOT, SOURCE_DIR
+from grader import REPO_ROOT, SOURCE_DIR, resume
 from grader import course as C
 from grader.submissions import MAX_FILE_MB, Submission, SubmissionError, file_problem, prepare
 
@@ -166,7 +166,7 @@ def _log_tail(path: Path, limit: int = 65536) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _run_worker(work: Path, assignment: str, sub: Submission, timeout_s: int, total_timeout_s: float,
+def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTimeout, total_timeout_s: float,
                 feedback: bool, record: Path | None, base_env: dict, code_files: dict) -> dict:
     course = work / sub.student_id
     result_file = course / "result.json"
@@ -176,7 +176,8 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout_s: int, to
     if record is not None:
         env[RECORD_ENV] = str(record)
     cmd = [sys.executable, "-m", "grader.worker", "--course", str(course), "--assignment", assignment,
-           "--student", sub.student_id, "--timeout", str(timeout_s), "--result", str(result_file)]
+           "--student", sub.student_id, "--timeout", str(timeout.seconds), "--iopub-timeout", str(timeout.iopub_s),
+           "--startup-timeout", str(timeout.startup_s), "--timeout-why", timeout.why, "--result", str(result_file)]
     if not feedback:
         cmd.append("--no-feedback")
     try:
@@ -200,6 +201,17 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout_s: int, to
         shutil.rmtree(code, ignore_errors=True)
 
 
+def _pinned_worker(gpu_plan, work: Path, assignment: str, sub: Submission, timeout, total_timeout_s: float,
+                   feedback: bool, record: Path | None, base_env: dict, code_files: dict) -> dict:
+    """:func:`_run_worker` on a GPU of the plan's, held for as long as the worker runs."""
+    with gpu_plan.device() as device:
+        env = base_env if device is None else {**base_env, "CUDA_VISIBLE_DEVICES": device}
+        r = _run_worker(work, assignment, sub, timeout, total_timeout_s, feedback, record, env, code_files)
+        if device is not None:
+            r.setdefault("gpu", device)
+        return r
+
+
 def grade_batch(
     assignment: str,
     subs: list[Submission],
@@ -212,15 +224,23 @@ def grade_batch(
     progress: bool = True,
     source_dir: Path = SOURCE_DIR,
     screen: bool = True,
+    gpu_plan=None,
 ) -> list[dict]:
     """Grade ``subs``; write the outputs to ``out_dir`` (if given); return one dict each.
 
     With ``screen`` (the default), a submission whose own code reaches into the kernel or the
-    grader (:mod:`grader.screen`) is not run: it is held at 0 for review, its findings listed."""
+    grader (:mod:`grader.screen`) is not run: it is held at 0 for review, its findings listed.
+    ``gpu_plan`` (:func:`grader.gpus.plan`) pins each worker to a GPU of its own; default: one
+    job per visible GPU, or ``jobs`` on a machine without one."""
+    from grader import gpus
     from utils.env import smoke_mode
     from utils.record import utils_hash
 
-    timeout_s = timeout_s or C.default_timeout_s(assignment)
+    if gpu_plan is None:
+        devices = gpus.visible_devices()
+        gpu_plan = gpus.plan(min(jobs, len(devices)) if devices else jobs, devices=devices)
+    jobs = gpu_plan.jobs
+    timeout = C.cell_timeout(assignment, jobs, timeout_s)  # measures this machine's speed and load, once
     base_env = _kernel_env(smoke_mode(), utils_hash())
     code_files = read_code()
     work = Path(tempfile.mkdtemp(prefix="gpulab-grade-"))
@@ -230,11 +250,16 @@ def grade_batch(
         base = C.read_grades(master, assignment, "_nobody_")
         max_score, cell_list = base["max_score"], _grade_cells(released)
         n_code = sum(1 for c in json.loads(released.read_text())["cells"] if c["cell_type"] == "code")
-        total = total_timeout_s or (timeout_s * n_code + 120)
+        total = total_timeout_s or (timeout.seconds * n_code + 120)
 
-        results: dict[str, dict] = {}
+        results: dict[str, dict] = dict(kept := resume.saved(out_dir and Path(out_dir), subs))
+        if kept:
+            print(f"resuming: {len(kept)} of {len(subs)} submissions already graded in {out_dir} (kept; a changed "
+                  f"submission is graded again); grading the other {len(subs) - len(kept)}", file=sys.stderr)
         runnable = []
         for sub in subs:
+            if sub.student_id in kept:
+                continue
             course = work / sub.student_id
             shutil.copytree(master, course, ignore=shutil.ignore_patterns("autograded", "feedback", "submitted"))
             dest = C.submitted_dir(course, assignment, sub.student_id)
@@ -262,20 +287,34 @@ def grade_batch(
 
         bar = _progress(len(subs), progress)
         bar.update(len(results))
+        failed = 0
+        for sid, r in results.items():
+            if sid not in kept and not r["status"].startswith(("ok", "graded")):
+                failed += 1
+                bar.write(f"{sid}: 0 / {r['max_score']:g}: {r['status'][:300]}")
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {pool.submit(_run_worker, work, assignment, sub, timeout_s, total, feedback, rec, base_env,
-                                   code_files): (sub, notes) for sub, notes, rec in runnable}
+            futures = {pool.submit(_pinned_worker, gpu_plan, work, assignment, sub, timeout, total, feedback, rec,
+                                   base_env, code_files): (sub, notes) for sub, notes, rec in runnable}
             for fut in as_completed(futures):
                 sub, notes = futures[fut]
                 r = fut.result()
                 if "cells" not in r:  # the worker never finished
                     r = _zero(sub, assignment, max_score, r["status"], cell_list)
+                r.setdefault("timeout_s", timeout.seconds)
+                r.setdefault("timeout_why", timeout.why)
                 _trust_master_points(r, cell_list, max_score)
-                r["notes"] = notes + r.get("notes", [])
+                r["notes"] = notes + r.get("notes", []) + ([gpu_plan.note()] if gpu_plan.note() else [])
                 if r["status"] == "ok" and r["notes"]:
                     r["status"] = "graded; " + "; ".join(r["notes"])
                 results[sub.student_id] = r
+                sid = sub.student_id
+                resume.save(out_dir and Path(out_dir), sub, r, C.feedback_path(work / sid, assignment, sid),
+                            C.autograded_path(work / sid, assignment, sid))
+                if not r["status"].startswith(("ok", "graded")):
+                    failed += 1
+                    bar.write(f"{sid}: {r['score']:g} / {r['max_score']:g}: {r['status'][:300]}")
                 bar.update(1)
+                bar.set_postfix_str(f"{failed} not graded")
         bar.close()
         if changed := repo_changes(code_files):
             print(f"warning: the course code in {REPO_ROOT} changed while this batch was graded: "
@@ -284,6 +323,7 @@ def grade_batch(
         ordered = [results[s.student_id] for s in subs]
         if out_dir is not None:
             _write_outputs(Path(out_dir), work, assignment, ordered)
+            resume.finish(Path(out_dir))
         return ordered
     finally:
         if os.environ.get(KEEP_ENV, "") in ("", "0"):
@@ -324,6 +364,8 @@ def _progress(total: int, enabled: bool):
         class _Null:
             def update(self, n): pass
             def close(self): pass
+            def set_postfix_str(self, s): pass
+            def write(self, s): print(s, file=sys.stderr)
         return _Null()
 
 

@@ -105,8 +105,11 @@ def test_dockerfile_stages_pinned_non_root_with_healthcheck():
         assert tag and tag != "latest", f"unpinned base image {image}"
         users = re.findall(r"^USER (\S+)", stage, flags=re.M)
         assert users and users[-1] not in ("root", "0"), f"stage {name} runs as root"
-        assert re.search(r"^HEALTHCHECK .*\n?.*CMD", stage, flags=re.M), f"stage {name} has no HEALTHCHECK"
-    assert names == ["exporter", "serve"]
+        if name.strip() == "grade":  # a batch job: nothing to probe, and it says so
+            assert re.search(r"^HEALTHCHECK NONE$", stage, flags=re.M), "stage grade should say HEALTHCHECK NONE"
+        else:
+            assert re.search(r"^HEALTHCHECK .*\n?.*CMD", stage, flags=re.M), f"stage {name} has no HEALTHCHECK"
+    assert names == ["exporter", "serve", "grade"]
     assert "vllm/vllm-openai:v0.33.0" in text
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
     for copied in re.findall(r"utils/\S+\.py", text):
@@ -160,6 +163,25 @@ def test_vllm_deployment_requests_a_gpu_with_probes_and_shm():
     shm = [v for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
     assert [m["mountPath"] for m in c["volumeMounts"] if m["name"] == shm[0]["name"]] == ["/dev/shm"]
     assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_grading_job_is_one_gpu_pod_per_shard_with_a_merge_that_waits_for_them_all():
+    docs = {d["metadata"]["name"]: d for d in yaml_docs(DEPLOY / "k8s" / "grading.yaml")}
+    job, merge, claim = docs["gpulab-grade"], docs["gpulab-grade-merge"], docs["gpulab-grading"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert int(env["GPULAB_SHARDS"]) == job["spec"]["completions"] == job["spec"]["parallelism"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    script = " ".join(c["args"])
+    assert "--shard \"$k/$GPULAB_SHARDS\"" in script and "JOB_COMPLETION_INDEX + 1" in script
+    (m,) = merge["spec"]["template"]["spec"]["containers"]
+    menv = {e["name"]: e["value"] for e in m["env"]}
+    assert menv["GPULAB_SHARDS"] == env["GPULAB_SHARDS"] and "grader merge /data/out/shard-*" in " ".join(m["args"])
+    claims = {v["persistentVolumeClaim"]["claimName"] for d in (job, merge)
+              for v in d["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    assert claims == {claim["metadata"]["name"]} and claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
 def test_exporter_daemonset_and_services_line_up_with_prometheus_config():

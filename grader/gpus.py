@@ -1,0 +1,82 @@
+"""Which GPU each grading job measures on: one job per GPU unless sharing is asked for.
+
+Two kernels timing kernels on one GPU slow each other down, and both submissions are then
+graded against disturbed numbers. So measured grading runs at most one job per visible GPU,
+each worker pinned to its own (``CUDA_VISIBLE_DEVICES`` set to that one device, as Slurm and
+Kubernetes' device plugin do for a job given one GPU). ``--share-gpus`` allows more jobs than
+GPUs; each result then records that its GPU was shared. Without a GPU (smoke mode) jobs are
+free: the grader's CPU bands are wide and kernels get one thread each (``grader/batch.py``).
+"""
+from __future__ import annotations
+
+import os
+import queue
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+class GpuPlanError(Exception):
+    """More jobs than GPUs without ``--share-gpus``; one line."""
+
+
+def visible_devices() -> list[str]:
+    """The CUDA devices this process may use, as ``CUDA_VISIBLE_DEVICES`` entries: that
+    variable's own entries when it is set, else ``0 .. n-1`` for the n GPUs torch sees."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        n = 0
+    if n == 0:
+        return []
+    if env is not None and env.strip():
+        return [d.strip() for d in env.split(",") if d.strip()][:n]
+    return [str(i) for i in range(n)]
+
+
+@dataclass
+class GpuPlan:
+    jobs: int
+    devices: list[str]  # empty: no GPU, nothing pinned
+    shared: bool = False
+    _pool: queue.Queue = field(default_factory=queue.Queue, repr=False)
+
+    def __post_init__(self) -> None:
+        slots = -(-self.jobs // len(self.devices)) if self.devices else 0
+        for _ in range(slots):
+            for d in self.devices:
+                self._pool.put(d)
+
+    @contextmanager
+    def device(self):
+        """A device for one worker, held while it runs (None without a GPU)."""
+        if not self.devices:
+            yield None
+            return
+        d = self._pool.get()
+        try:
+            yield d
+        finally:
+            self._pool.put(d)
+
+    def note(self) -> str | None:
+        if self.shared:
+            return (f"graded on a GPU shared with other submissions' grading ({self.jobs} jobs on "
+                    f"{len(self.devices)} GPU{'s' if len(self.devices) > 1 else ''}): measured numbers may be low")
+        return None
+
+
+def plan(jobs: int | None, share: bool = False, devices: list[str] | None = None) -> GpuPlan:
+    """The jobs and devices for a batch: ``jobs`` None means one per GPU (1 without a GPU)."""
+    devices = visible_devices() if devices is None else devices
+    if not devices:
+        return GpuPlan(jobs or 1, [])
+    n = len(devices)
+    jobs = jobs or n
+    if jobs > n and not share:
+        raise GpuPlanError(f"--jobs {jobs} on {n} GPU{'s' if n > 1 else ''} would grade two submissions on one GPU at "
+                           "once and disturb both measurements: use --jobs "
+                           f"{n} (the default), or --share-gpus to allow it")
+    return GpuPlan(jobs, devices, shared=jobs > n)
