@@ -1,0 +1,191 @@
+"""What each lab installs before it starts: the second half of every lab's setup cell.
+
+The first half stays in the cell (``grader/source/<lab>/<lab>.ipynb``, cell 1): it finds the
+course repository, or clones or unpacks it on Colab and Kaggle, and puts it on ``sys.path``;
+only then can it import this module. :func:`setup` then sets the lab's environment variables,
+installs the packages the runtime lacks (one line each), tries the optional ones (one line when
+one fails, and what the lab does without it) and says which serving engine a serving lab gets.
+
+A package a lab cannot run without stops the cell with :class:`SetupStopped`: one line in the
+notebook, no traceback (IPython prints what an exception's ``_render_traceback_`` returns
+instead of a traceback: ``showtraceback`` in IPython/core/interactiveshell.py). Nothing here
+imports more than the standard library before the installs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+PIP_TIMEOUT_S = 1800  # one package; vLLM's own install goes through utils/engines.py
+INSTALL_VLLM_VAR = "GPULAB_INSTALL_VLLM"  # 0: a serving lab on a GPU does not install vLLM
+
+# import name -> pip requirement: what every lab imports (the setup cells of grader/source/ before this module)
+COMMON = {"torch": "torch", "matplotlib": "matplotlib", "pynvml": "nvidia-ml-py", "psutil": "psutil",
+          "transformers": "transformers", "tokenizers": "tokenizers", "tqdm": "tqdm"}
+BNB_GPU_ONLY = "bitsandbytes"  # its kernels need a CUDA GPU, so it is only tried on one
+
+
+class SetupStopped(Exception):
+    """A setup step the lab cannot go on without; the notebook shows the message, one line."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"Setup stopped: {self}"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Extra:
+    """A package a lab runs without: ``pip`` requirement, and what the lab does without it."""
+
+    module: str
+    pip: str
+    without: str
+    gpu_only: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LabNeeds:
+    needed: dict[str, str]  # import name -> pip requirement, on top of COMMON
+    optional: tuple[Extra, ...] = ()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # set unless already set
+    serving: bool = False  # transformers serve's extras, and vLLM where it runs
+    note: Callable[[], str] | None = None  # one more status line
+
+
+def _trl_note() -> str:
+    found = importlib.util.find_spec("trl") is not None
+    return "TRL (section 7): " + ("installed" if found else "not installed (pip install trl)")
+
+
+LABS = {
+    "00_foundations": LabNeeds({}),
+    "01_single_gpu": LabNeeds({"peft": "peft"}, (
+        Extra("bitsandbytes", "bitsandbytes", "the QLoRA cell falls back to LoRA and says so", gpu_only=True),)),
+    "02_multi_gpu": LabNeeds({"accelerate": "accelerate"}, note=_trl_note),
+    "03_inference_serving": LabNeeds({"accelerate": "accelerate"}, (
+        Extra("bitsandbytes", "bitsandbytes", "the quantization cell measures the 16-bit model only and says why",
+                 gpu_only=True),),
+        env={"HF_HUB_OFFLINE": "1"}, serving=True),  # every model of lab 03 is built from a shipped config
+    "04_benchmarking_production": LabNeeds(
+        {"aiohttp": "aiohttp", "prometheus_client": "prometheus_client", "yaml": "pyyaml"},
+        (Extra("bitsandbytes", "bitsandbytes", "the 4-bit model is skipped and the lab says so", gpu_only=True),),
+        serving=True),
+    "05_hardware_and_cost": LabNeeds({}, (
+        Extra("jax", "jax", "the XLA cells say JAX is missing (pip's jax is the CPU build; Colab and Kaggle ship it)"),),
+        env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}),  # JAX must not take 75% of the GPU from PyTorch
+}
+
+
+@dataclasses.dataclass
+class SetupResult:
+    lab: str
+    repo: str
+    installed: list[str] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)  # optional packages pip could not install
+    lines: list[str] = dataclasses.field(default_factory=list)  # what was printed
+
+
+def pip_install(requirement: str) -> str | None:
+    """``pip install`` one requirement into this interpreter; None on success, else pip's last line."""
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"pip ran past {PIP_TIMEOUT_S // 60} minutes"
+    except OSError as exc:
+        return f"pip did not start: {exc}"
+    if r.returncode == 0:
+        return None
+    tail = [ln.strip() for ln in (r.stderr or r.stdout or "").splitlines() if ln.strip()]
+    return (tail[-1] if tail else f"pip exited {r.returncode}")[:200]
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is not there, or a half-installed one
+        return False
+
+
+def _cuda() -> bool:
+    from utils.env import cuda_available
+
+    return cuda_available()
+
+
+def _serve_extras_missing() -> bool:
+    try:
+        from transformers.utils.import_utils import is_serve_available
+    except ImportError:
+        return False  # a transformers without `transformers serve`: nothing to add
+    return not is_serve_available()
+
+
+def _vllm_line() -> str:
+    from utils import engines
+
+    try:
+        return engines.ensure_vllm(install_on_gpu=os.environ.get(INSTALL_VLLM_VAR, "1") != "0")
+    except engines.EngineError as exc:
+        return f"vLLM could not be installed ({exc}): the serving cells use transformers serve"
+
+
+def setup(lab: str, repo: str | Path | None = None, *, install: Callable[[str], str | None] = pip_install,
+          has: Callable[[str], bool] = _has, cuda: Callable[[], bool] = _cuda,
+          serve_extras_missing: Callable[[], bool] = _serve_extras_missing,
+          vllm_line: Callable[[], str] = _vllm_line, out: Callable[[str], None] = print) -> SetupResult:
+    """Prepare this runtime for ``lab``: environment, missing packages, optional ones, engine.
+
+    Prints one line per install, one per optional package that failed, the lab's status lines,
+    and a last line naming the repository and what was installed. Raises :class:`SetupStopped`
+    (one line) for an unknown lab or a package the lab needs that pip could not install."""
+    if lab not in LABS:
+        raise SetupStopped(f"no lab {lab!r} (known: {', '.join(LABS)})")
+    spec = LABS[lab]
+    res = SetupResult(lab, str(repo or ""))
+
+    def say(line: str) -> None:
+        res.lines.append(line)
+        out(line)
+
+    for key, value in spec.env.items():
+        os.environ.setdefault(key, value)
+
+    def attempt(requirement: str) -> str | None:
+        t0 = time.monotonic()
+        why = install(requirement)
+        importlib.invalidate_caches()
+        if why is None:
+            res.installed.append(requirement)
+            say(f"installed {requirement} ({time.monotonic() - t0:.0f} s)")
+        return why
+
+    for module, requirement in {**COMMON, **spec.needed}.items():
+        if not has(module) and (why := attempt(requirement)) is not None:
+            hint = "check that this runtime has internet access (Kaggle: Settings > Internet on)"
+            raise SetupStopped(f"could not install {requirement}, which this lab needs ({why}): {hint}, then run this cell again")
+    if spec.serving and serve_extras_missing():
+        import transformers
+
+        requirement = f"transformers[serving]=={transformers.__version__}"
+        if (why := attempt(requirement)) is not None:
+            res.failed.append(requirement)
+            say(f"could not install {requirement} ({why}): `transformers serve` cannot start, so the serving cells need vLLM")
+    for opt in spec.optional:
+        if has(opt.module) or (opt.gpu_only and not cuda()):
+            continue
+        if (why := attempt(opt.pip)) is not None:
+            res.failed.append(opt.pip)
+            say(f"could not install {opt.pip} ({why}): {opt.without}")
+    if spec.serving:
+        say(vllm_line())
+    if spec.note:
+        say(spec.note())
+    say(f"course repository: {res.repo or '?'} | installed: {', '.join(res.installed) or 'nothing'}")
+    return res
