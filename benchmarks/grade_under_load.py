@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from grader.release import reference_submission
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run still kills its busy processes
     busy = _busy_module()
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
@@ -117,7 +119,23 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['timeout_s']} s" + ("" if r["passed"] else f": {r['failed_cells'] or r['tail']}"),
                       file=sys.stderr, flush=True)
             results[lab] = {"passes": sum(r["passed"] for r in runs), "runs": runs}
-    out = {
+            write(a.json_out, summary(a, argv, started, load_before, results))  # after each lab: a kill keeps these
+    out = summary(a, argv, started, load_before, results)
+    write(a.json_out, out)
+    print("| lab | passes | wall time per grade | cell time limit chosen |")
+    print("|---|---|---|---|")
+    for line in out["table"]:
+        print(line)
+    return 0 if all(r["passes"] == a.n for r in results.values()) else 1
+
+
+def write(path: Path, out: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+
+
+def summary(a, argv, started, load_before, results: dict) -> dict:
+    return {
         "what": "each lab's reference solution graded with python -m grader check (smoke mode, no --timeout) "
                 "while busy processes spin on one core each",
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
@@ -129,13 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         "labs": results,
         "table": [row(lab, r) for lab, r in results.items()],
     }
-    a.json_out.parent.mkdir(parents=True, exist_ok=True)
-    a.json_out.write_text(json.dumps(out, indent=1))
-    print("| lab | passes | wall time per grade | cell time limit chosen |")
-    print("|---|---|---|---|")
-    for line in out["table"]:
-        print(line)
-    return 0 if all(r["passes"] == a.n for r in results.values()) else 1
 
 
 if __name__ == "__main__":
