@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from utils.hardware import _cpu_name  # noqa: E402 (the CPU model, /proc/cpuinfo)
 
 LABS = ("00_foundations", "01_single_gpu", "02_multi_gpu", "03_inference_serving", "04_benchmarking_production",
         "05_hardware_and_cost")
@@ -42,16 +43,6 @@ def _busy_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def grade_once(lab: str, notebook: Path, work: Path, wait_s: float) -> dict:
@@ -140,7 +131,7 @@ def summary(a, argv, started, load_before, results: dict) -> dict:
                 "while busy processes spin on one core each",
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python benchmarks/grade_under_load.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"cpu": _cpu_model(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        "machine": {"cpu": _cpu_name(), "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count(), "python": platform.python_version()},
         "n": a.n, "busy_processes": a.busy,
         "loadavg_before_after": [load_before, os.getloadavg() if hasattr(os, "getloadavg") else None],
