@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--json-out", type=Path, help="write score, max_score and per-cell results here")
     c.add_argument("--assignment", help="assignment id (default: guessed from the notebook's cells)")
     c.add_argument("--record", type=Path, help="measurement record (default: <assignment>.record.json beside the notebook)")
-    c.add_argument("--timeout", type=int, help="seconds per cell (default 60 in smoke mode, 600 on a GPU)")
+    c.add_argument("--timeout", type=int, help="seconds per cell (default: 600 on a GPU; in smoke mode 60, or 900 for a serving lab with vLLM, scaled by this machine's measured speed and load)")
     c.add_argument("--out", type=Path, help="keep the graded notebook, its record and feedback HTML here")
     c.add_argument("--no-screen", action="store_true",
                    help="run a notebook even when its code reaches into the kernel or the grader (after review)")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--share-gpus", action="store_true",
                    help="allow more jobs than GPUs (their measurements disturb each other; the feedback says so)")
     g.add_argument("--shard", metavar="K/N", help="grade only the K-th of N shares of the class (merge them after)")
-    g.add_argument("--timeout", type=int, help="seconds per cell (default 60 in smoke mode, 600 on a GPU)")
+    g.add_argument("--timeout", type=int, help="seconds per cell (default: 600 on a GPU; in smoke mode 60, or 900 for a serving lab with vLLM, scaled by this machine's measured speed and load)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument("--no-screen", action="store_true",
                    help="grade flagged submissions too (after reviewing their findings in results.json)")

@@ -15,8 +15,9 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # A deleted test cell is put back (and graded) instead of silently scoring nothing.
 c.OverwriteCells.add_missing_cells = True
 
-# Per-cell execution limit while grading (seconds). grader/course.py replaces it with
-# --timeout or its default (60 s in smoke mode, 600 s with a GPU).
+# Per-cell execution limit while grading (seconds). grader/course.py (cell_timeout) replaces
+# it with --timeout, or with its default: 600 s on a GPU; in smoke mode 60 s (900 s for a
+# serving lab with vLLM) scaled by the machine's measured speed and load.
 c.Execute.timeout = 60
 c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = True

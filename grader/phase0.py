@@ -97,7 +97,7 @@ def check_matmul(matmul_tflops, matmul_time, matmul_flops, matmul_bytes, achieve
         checks.assert_in_band(matmul_tflops, ref["tflops"], rel, "matmul_tflops", "TFLOP/s")
         checks.say_versus(f"{n}^3 {checks.dtype_name(dtype)} matmul", ref["tflops"], matmul_tflops, "TFLOP/s", rel)
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)
 
 
 # -- 2. copy and x + 1: the memory roof -------------------------------------------------------
@@ -135,7 +135,7 @@ def check_memory(copy_gbs, copy_time, ew_gbs, ew_tflops, ew_time, ew_flops, ew_b
         checks.say_versus("copy", ref["copy_gbs"], copy_gbs, "GB/s", rel)
         checks.say_versus("x + 1", ref["ew_gbs"], ew_gbs, "GB/s", rel)
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)
 
 
 # -- 3. tiny ops, a thin matmul and the placements on two rooflines ----------------------------
@@ -243,7 +243,7 @@ def check_roofline(placements, kernels, ceilings, tiny_tflops, tiny_time, tiny_f
             mine = {name: bound(intensity[name], p, b, rates[name]) for name in records.KERNELS}
             checks.say(f"  {roof} roofline: yours {placements[roof]}; on the grader's numbers {mine}")
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)
 
 
 # -- 4. the monitored training run -----------------------------------------------------------
@@ -317,7 +317,7 @@ def check_training(tokens_per_s, train, monitor, train_step, x, y) -> None:
         checks.assert_in_band(tps, ref_tps, rel, "tokens_per_s", "tokens/s")
         checks.say_versus("training step", ref_tps, tps, "tokens/s", rel)
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)
 
 
 # -- 5. what limits the step ----------------------------------------------------------------
@@ -369,4 +369,4 @@ def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_ti
             checks.assert_in_band(peak, ref_peak["tflops"], checks.band(ref_peak["time"]), "TRAIN_PEAK_TFLOPS", "TFLOP/s")
         checks.say_versus("batch scaling", ref_r, batch_scaling, "x", rel)
 
-    checks.agree(compare, ATTEMPTS)
+    remeasure.agree(compare, ATTEMPTS)

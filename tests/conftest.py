@@ -7,6 +7,10 @@ that). Without it the vLLM tests skip with the reason, except in CI (``CI=true``
 fail: there it must be installed. One server starts per session (about 50 to 110 s on two
 cores: imports, then a first torch.compile; later starts of the same shape reuse vLLM's
 compile cache) and every vLLM test that only reads from it shares it.
+
+Each lab's reference solution is graded once per session, beside a busy core
+(``graded_reference``): the under-load test and the lab's own test read the same result, so a
+whole lab is not graded twice for the same question (does the reference get full marks?).
 """
 from __future__ import annotations
 
@@ -67,3 +71,33 @@ def phase(monkeypatch, tmp_path):
         monkeypatch.delenv("GPULAB_SUBMITTED_RECORD", raising=False)
         return load_phase(root / "grader" / f"phase{number}.py", monkeypatch, tmp_path, record)
     return load
+
+
+@pytest.fixture(scope="session")
+def graded_reference(tmp_path_factory):
+    """``graded_reference(lab)``: the lab's reference solution graded by ``python -m grader check``
+    (smoke mode, no ``--timeout``: the limit comes from the machine's measured speed) while a real
+    busy process keeps one core spinning (tests/busy.py), once per session. Returns
+    ``{"rc", "out", "err", "result", "wall_s", "spun_s", "busy_alive"}``; ``spun_s`` is the CPU
+    time the busy process used during the grade."""
+    import time
+    from pathlib import Path
+
+    from tests.busy import busy_core, cpu_seconds
+    from tests.nbcells import check_each
+
+    root = Path(__file__).resolve().parent.parent
+    done: dict[str, dict] = {}
+
+    def grade(lab: str) -> dict:
+        if lab not in done:
+            from grader.release import reference_submission
+
+            tmp = tmp_path_factory.mktemp(f"reference-{lab}")
+            with busy_core() as busy:
+                cpu0, t0 = cpu_seconds(busy), time.monotonic()
+                rc, out, err, res = check_each(root, {lab: reference_submission(lab)}, tmp, wait_s=2400)[lab]
+                done[lab] = {"rc": rc, "out": out, "err": err, "result": res, "wall_s": time.monotonic() - t0,
+                             "spun_s": cpu_seconds(busy) - cpu0, "busy_alive": busy.poll() is None}
+        return done[lab]
+    return grade

@@ -54,13 +54,14 @@ def graded(tmp_path_factory):
     _edit(wrong, "cause_answer", "CAUSE = max(single_peaks, key=single_peaks.get)", 'CAUSE = "autocast"')
     copies = answered()  # the summary's own verdict: blank on every summary the hidden tests hand it
     _cell_src(copies, "diagnose_function", "def diagnose(summary):\n    return summary.diagnosis, None\n")
-    subs = {"ref": answered(), "rel": json.loads(RELEASE.read_text()), "wrong": wrong, "copies": copies}
+    subs = {"rel": json.loads(RELEASE.read_text()), "wrong": wrong, "copies": copies}  # the reference: graded_reference
     runs = check_each(ROOT, subs, tmp)
     return {name: (rc, out, res) for name, (rc, out, err, res) in runs.items()}
 
 
-def test_reference_scores_full_marks(graded):
-    rc, out, res = graded["ref"]
+def test_reference_scores_full_marks(graded_reference):
+    g = graded_reference("01_single_gpu")  # graded once per session, beside a busy core (tests/conftest.py)
+    rc, out, res = g["rc"], g["out"] + g["err"], g["result"]
     assert rc == 0, out
     assert res["score"] == res["max_score"] == MAX
     assert all(c["mode"] == "measured live" for c in res["cells"] if c["cell"] != "test_rates")
