@@ -188,9 +188,10 @@ class FastDecoder(nn.Module):
     the device): the prompt is prefilled without compilation (one forward over its tokens), then
     ``n - 1`` single-token steps run through :func:`decode_step`, compiled with
     ``torch.compile(mode="reduce-overhead", fullgraph=True)`` when ``compile`` is true (the
-    default on CUDA; a CPU runs the same code uncompiled). ``suppress_token_ids`` get ``-inf``
-    logits, as ``generate(min_new_tokens=n)`` does to the end-of-sequence ids, so both produce
-    exactly ``n`` tokens. The cache holds ``max_seq_len`` positions for ``batch`` sequences;
+    default on CUDA; a CPU runs the same code uncompiled, and so does a GPU below compute
+    capability 7.0, which inductor refuses: ``compile_skipped`` says why). ``suppress_token_ids``
+    get ``-inf`` logits, as ``generate(min_new_tokens=n)`` does to the end-of-sequence ids, so
+    both produce exactly ``n`` tokens. The cache holds ``max_seq_len`` positions for ``batch`` sequences;
     :meth:`setup_caches` reallocates it for another batch size (a new shape: one recompile).
 
     Two knobs, measured side by side by ``benchmarks/decode_tuning.py`` (RESULTS.md, phase 3):
@@ -242,7 +243,12 @@ class FastDecoder(nn.Module):
         if ids:
             bias[ids] = float("-inf")
         self.register_buffer("logit_bias", bias, persistent=False)
+        # a GPU below compute capability 7.0 (a P100) cannot compile at all (utils.tier_plan): eager there
+        from utils.tier_plan import too_old_to_compile
+
+        self.compile_skipped = too_old_to_compile(self.device)
         self.compiled = (self.device.type == "cuda") if compile is None else bool(compile)
+        self.compiled = self.compiled and self.compile_skipped is None
         self._step = torch.compile(decode_step, mode=compile_mode, fullgraph=True) if self.compiled else decode_step
         self.batch = 0
         self.setup_caches(batch)
@@ -379,7 +385,12 @@ def eager_path(model: Any, prompt: Any) -> DecodePath:
 
 def static_path(model: Any, prompt: Any, compile: bool | None = None) -> DecodePath:
     """``generate(cache_implementation="static")``; transformers compiles the forward on CUDA
-    (``compile=False`` turns that off; a CPU never compiles)."""
+    (``compile=False`` turns that off; a CPU never compiles, nor a GPU below compute capability
+    7.0, where PyTorch's inductor has no Triton: ``utils.tier_plan``)."""
+    from utils.tier_plan import too_old_to_compile
+
+    if too_old_to_compile(prompt.device):  # a P100: transformers would compile and fail at the first call
+        compile = False
     compiled = prompt.device.type == "cuda" and compile is not False
     return DecodePath("static_compiled", model, prompt,
                       lambda n: hf_generate(model, prompt, n, cache_implementation="static", compile=compile),

@@ -7,7 +7,9 @@ the sizes (and the grading thresholds) change (docs/architecture.md, "Smoke mode
 Sizes come in tiers chosen from the device: ``cpu`` (smoke), ``t4`` (16 GB class, no bf16
 tensor cores: T4, P100, V100), ``a100`` (Ampere/Ada: A100, A10, L4, L40S) and ``h100``
 (Hopper and newer). A phase asks :func:`phase_sizes` for its numbers; the tier names say
-what they were sized for, not what they were measured on.
+what they were sized for, not what they were measured on. Each tier's sizes are sized to fit its
+smallest card by ``utils.lab_memory``'s estimate (``a100``: an L4's 22.5 GiB), and they print as
+their plan on this machine (``utils.tier_plan``): dtype, ``torch.compile``, what is skipped and why.
 """
 from __future__ import annotations
 
@@ -70,13 +72,31 @@ def device_tier() -> str:
     return "t4"
 
 
+class _PrintsPlan:
+    """Sizes print (``str``, what ``print(SIZES)`` shows) as their tier plan, ``utils.tier_plan``:
+    the card, dtype, ``torch.compile``, what runs, what is skipped and why, and whether it fits
+    the card's memory. ``repr``, fields, ``==`` and ``dataclasses.asdict`` stay the dataclass's."""
+
+    def __str__(self) -> str:
+        try:
+            from utils import tier_plan
+
+            lab = next(k for k, tiers in _PHASES.items() if type(tiers["cpu"]) is type(self))
+            tiers = _PHASES[lab]
+            tier = next((t for t, s in tiers.items() if s is self), None) or next(
+                (t for t, s in tiers.items() if s == self), device_tier())
+            return tier_plan.describe(self, lab, tier, smoke_mode(), phase_sizes)
+        except Exception as exc:  # the sizes still print when the plan cannot be made
+            return f"{self!r}\n(no plan: {type(exc).__name__}: {exc})"
+
+
 def repo_root() -> Path:
     """The repository root (the folder holding ``utils/``)."""
     return Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
-class Phase0Sizes:
+class Phase0Sizes(_PrintsPlan):
     matmul_n: int  # square matmul side
     elementwise_numel: int  # elements in the elementwise (memory-bound) op
     tiny_ops: int  # launches in the loop of tiny ops (overhead-bound)
@@ -94,7 +114,7 @@ _PHASE0 = {
 }
 
 @dataclass(frozen=True)
-class Phase5Sizes:
+class Phase5Sizes(_PrintsPlan):
     matmul_n: int  # square matmul side (roofline point)
     copy_numel: int  # fp32 elements copied (roofline point)
     model: str  # config name in utils/models.py, for throughput and decode
@@ -121,14 +141,14 @@ _PHASE5 = {
                        128, _XLA_CPU),
     "t4": Phase5Sizes(4096, 1 << 26, "gpt2-small", 8, 256, 20, (1, 8, 32), 64, 32, "gpt2-small", 4, 128, 12, 4, 6,
                       1024, _XLA_GPU),
-    "a100": Phase5Sizes(8192, 1 << 27, "gpt2-small", 16, 512, 30, (1, 8, 32, 64), 128, 64, "gpt2-small", 8, 256, 12,
+    "a100": Phase5Sizes(8192, 1 << 27, "gpt2-small", 8, 512, 30, (1, 8, 32, 64), 128, 64, "gpt2-small", 8, 256, 12,
                         4, 6, 2048, _XLA_GPU),
     "h100": Phase5Sizes(8192, 1 << 28, "gpt2-small", 16, 1024, 30, (1, 8, 32, 128), 128, 64, "gpt2-small", 8, 256,
                         12, 4, 6, 4096, _XLA_GPU),
 }
 
 @dataclass(frozen=True)
-class Phase1Sizes:
+class Phase1Sizes(_PrintsPlan):
     model: str  # the training-loop model (utils/models.py preset)
     seq_len: int
     naive_batch: int  # the naive baseline's small batch
@@ -142,13 +162,16 @@ class Phase1Sizes:
 
 _PHASE1 = {
     "cpu": Phase1Sizes("gpt2-tiny", 64, 2, 8, 6, "llama-tiny", 2, 64, 0.5),
-    "t4": Phase1Sizes("gpt2-small", 512, 4, 16, 12, "llama-1.1b", 4, 512, 2.0),
-    "a100": Phase1Sizes("gpt2-small", 1024, 4, 32, 12, "llama-1.1b", 8, 512, 4.0),
+    # t4: batch 16 x 512 is an estimated 14.5 GiB beside the naive loop (utils.lab_memory): too close to 15
+    "t4": Phase1Sizes("gpt2-small", 256, 4, 16, 12, "llama-1.1b", 4, 512, 2.0),
+    # a100: sized for an L4 (22.5 GiB); batch 32 x 1024 eager peaked at 45.6 GiB on one H200 (training KV cache
+    # on, benchmarks/RESULTS.md): measured, not an L4 figure
+    "a100": Phase1Sizes("gpt2-small", 512, 4, 16, 12, "llama-1.1b", 8, 512, 4.0),
     "h100": Phase1Sizes("gpt2-small", 1024, 4, 32, 12, "llama-1.1b", 8, 512, 6.0),
 }
 
 @dataclass(frozen=True)
-class Phase2Sizes:
+class Phase2Sizes(_PrintsPlan):
     model: str  # the reference run (benchmarks/train_multi_gpu.py --preset)
     batch_per_device: int
     seq_len: int
@@ -162,17 +185,20 @@ class Phase2Sizes:
     allreduce_sizes: str  # benchmarks/allreduce.py --sizes
     allreduce_iters: int
     min_efficiency: float  # graded: per-device scaling efficiency 1 -> N of the reference run (H200 eager: 0.990)
+    post_batch: int  # TRL SFT/DPO batch per GPU (benchmarks/post_train_trl.py --batch-per-device)
+    post_max_len: int  # and tokens per sequence (--max-length): DPO runs chosen and rejected, 2x the batch
 
 
 _PHASE2 = {
-    "cpu": Phase2Sizes("gpt2-tiny", 2, 64, 6, 2, False, False, 1, 1, 2, "4KiB,256KiB,4MiB", 20, 0.1),
-    "t4": Phase2Sizes("gpt2-small", 8, 512, 15, 3, False, False, 1, 2, 4, "1MiB,16MiB,256MiB", 20, 0.6),
-    "a100": Phase2Sizes("gpt2-small", 16, 1024, 20, 5, True, False, 1, 4, 4, "1MiB,16MiB,256MiB,1GiB", 20, 0.85),
-    "h100": Phase2Sizes("gpt2-small", 16, 1024, 20, 5, True, False, 1, 4, 4, "1MiB,16MiB,256MiB,1GiB", 20, 0.9),
+    "cpu": Phase2Sizes("gpt2-tiny", 2, 64, 6, 2, False, False, 1, 1, 2, "4KiB,256KiB,4MiB", 20, 0.1, 2, 64),
+    "t4": Phase2Sizes("gpt2-small", 8, 512, 15, 3, False, False, 1, 2, 4, "1MiB,16MiB,256MiB", 20, 0.6, 4, 512),
+    # a100: sized for its smallest card, an L4 (22.5 GiB): batch 16 x 1024 peaked at 24.02 GiB per GPU on 2x H200
+    "a100": Phase2Sizes("gpt2-small", 8, 1024, 20, 5, True, False, 1, 4, 4, "1MiB,16MiB,256MiB,1GiB", 20, 0.85, 8, 512),
+    "h100": Phase2Sizes("gpt2-small", 16, 1024, 20, 5, True, False, 1, 4, 4, "1MiB,16MiB,256MiB,1GiB", 20, 0.9, 8, 1024),
 }
 
 @dataclass(frozen=True)
-class Phase4Sizes:
+class Phase4Sizes(_PrintsPlan):
     model: str  # the served preset (utils.serve.build_model_dir): random weights, the preset's shape
     num_requests: int  # per load run: every sweep step, the operating-point run, the grader's re-runs
     input_len: int  # the course's default prompt length (tokens of the shipped tokenizer)
@@ -191,7 +217,7 @@ _PHASE4 = {
 }
 
 @dataclass(frozen=True)
-class Phase3Sizes:
+class Phase3Sizes(_PrintsPlan):
     model: str  # the decode, KV-cache and quantization model (utils/models.py preset)
     prompt_len: int  # decode prompt (tokens)
     new_tokens: int  # tokens per decode measurement: TPOT = (t(n) - t(1)) / (n - 1)

@@ -113,6 +113,17 @@ def _check(x: torch.Tensor, bias: torch.Tensor) -> None:
         raise ValueError(f"x has {x.numel()} elements; the kernel's int32 offsets allow fewer than 2**31")
 
 
+def _require_capability(device: torch.device) -> None:
+    """One line instead of a compiler failure on a GPU Triton does not support: PyTorch gates its
+    Triton use at compute capability 7.0 and Triton's README lists 8.0+ (``utils.tier_plan``)."""
+    from utils import rehearsal
+
+    major, minor = rehearsal.capability(device.index or 0)
+    if major < 7:
+        raise RuntimeError(f"Triton does not compile for compute capability {major}.{minor} (7.0 or newer: a T4, "
+                           "V100 or later); the fused kernel is skipped on this GPU")
+
+
 def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The unfused PyTorch ops: ``x + bias`` (one kernel) then tanh-approximated GELU (another)."""
     return torch.nn.functional.gelu(x + bias, approximate="tanh")
@@ -131,6 +142,8 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, block_size: int = DEFAULT_BLO
         raise ValueError(f"block_size must be a power of 2, got {block_size}")
     if not INTERPRETED and x.device.type != "cuda":
         raise ValueError(f"x is on {x.device}; the compiled Triton kernel needs CUDA tensors (move them with .cuda())")
+    if not INTERPRETED:
+        _require_capability(x.device)
     x = x.contiguous()
     bias = bias.contiguous()
     out = torch.empty_like(x)
@@ -161,8 +174,8 @@ def compare_bias_gelu(n_rows: int | None = None, n_cols: int = 3072, dtype: Any 
     """Time the fused kernel against the unfused ops on one ``(n_rows, n_cols)`` input.
 
     Defaults: ``n_cols=3072`` (GPT-2 small's MLP width, 4 x 768); ``n_rows`` 16384 (batch 16 x
-    1024 tokens) on a GPU, 64 under the interpreter; ``dtype`` bf16 on a GPU, fp32 under the
-    interpreter; ``device`` CUDA when the kernel is compiled, CPU when interpreted.
+    1024 tokens) on a GPU, 64 under the interpreter; ``dtype`` the GPU's 16-bit type (bf16, fp16
+    before compute capability 8.0), fp32 under the interpreter; ``device`` CUDA when the kernel is compiled, CPU when interpreted.
 
     Returns ``unfused_ms`` and ``fused_ms`` (medians of ``utils.timing.benchmark``),
     ``speedup = unfused_ms / fused_ms``, ``max_abs_err`` of the fused output against the
@@ -174,8 +187,10 @@ def compare_bias_gelu(n_rows: int | None = None, n_cols: int = 3072, dtype: Any 
     from utils.timing import benchmark
 
     _require_triton()
+    from utils import rehearsal
+
     interpreted = INTERPRETED
-    dt = _dtype(dtype if dtype is not None else ("fp32" if interpreted else "bf16"))
+    dt = _dtype(dtype if dtype is not None else ("fp32" if interpreted else rehearsal.half_dtype()))
     n_rows = n_rows if n_rows is not None else (64 if interpreted else 16384)
     if n_rows < 1 or n_cols < 1:
         raise ValueError(f"n_rows and n_cols must be >= 1, got {n_rows} and {n_cols}")

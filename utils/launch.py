@@ -197,7 +197,8 @@ def run_allreduce(p: Plan, name: str = "allreduce", *, env: dict | None = None, 
 
 
 def run_post_training(p: Plan, name: str = "post_train_trl", verbose: bool = True) -> dict | None:
-    """TRL SFT then DPO on every process of the plan (``benchmarks/post_train_trl.py``), or
+    """TRL SFT then DPO on every process of the plan (``benchmarks/post_train_trl.py``) at the
+    tier's ``post_batch`` x ``post_max_len`` (``utils.env.Phase2Sizes``), or
     None with one line saying why not (script or TRL missing, the run failed): ungraded."""
     script = POST_TRAIN
     if not script.is_file():
@@ -207,7 +208,9 @@ def run_post_training(p: Plan, name: str = "post_train_trl", verbose: bool = Tru
         print("skipped: TRL is not installed (pip install trl, then run this cell again)", flush=True)
         return None
     out = Path(p.work) / f"{name}.json"
-    args = ["--smoke"] if p.backend == "gloo" else ["--bf16"] * p.sizes.bf16
+    s = p.sizes  # the tier's sizes: DPO at the script's defaults is an estimated 37 GiB per GPU in fp32 (utils.lab_memory)
+    args = ["--smoke"] if p.backend == "gloo" else (["--bf16"] * s.bf16 + ["--batch-per-device", str(s.post_batch),
+                                                                          "--max-length", str(s.post_max_len)])
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS["ddp"]), "--num_processes",
            str(p.nproc), "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()), str(script),
            "--out", str(out), *args]

@@ -147,6 +147,27 @@ def transformer_activation_bytes(batch: int, seq: int, d_model: int, n_layers: i
     return n_layers * per_layer
 
 
+def cross_entropy_bytes(tokens: int, vocab: int, logits_bytes: float = 2) -> float:
+    """Bytes the logits and a causal-LM loss over them hold at the loss's peak (the backward of
+    its log-softmax), for ``tokens`` positions and a ``vocab``-wide output head.
+
+    Per logit: the logits in their dtype (``logits_bytes``), an fp32 copy when they are 16-bit
+    (Hugging Face's loss calls ``logits.float()``; Accelerate's mixed precision returns fp32
+    outputs too), the fp32 log-softmax output saved for the backward, and that backward's fp32
+    gradient in and out: ``logits_bytes + 4 + 4 + 4 + 4`` for 16-bit logits (18 bytes),
+    ``4 + 4 + 4 + 4`` for fp32 (16). An estimate: the upcast copy is counted as alive at the
+    peak, which holds where the outputs keep it and over-counts by 4 bytes where they do not.
+    For a small model with a large vocabulary this is the largest term of a training step
+    (GPT-2 small, batch 16 x 1024: 13.8 GiB of logits and loss against 4.8 GiB of saved
+    activations by :func:`transformer_activation_bytes`)."""
+    validate.positive_int("tokens", tokens)
+    validate.positive_int("vocab", vocab)
+    if logits_bytes not in (2, 4):
+        raise ValueError(f"logits_bytes must be 2 (bf16/fp16) or 4 (fp32), got {logits_bytes!r}")
+    per_logit = logits_bytes + (4 if logits_bytes < 4 else 0) + 12
+    return float(tokens) * vocab * per_logit
+
+
 # -- accounting tensors ----------------------------------------------------------------------
 
 def tensor_bytes(tensors) -> int:

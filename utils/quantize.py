@@ -43,6 +43,23 @@ def reference_mode(device: Any = None) -> str:
     return rehearsal.half_dtype(device.index or 0)
 
 
+INT8_MIN_CAPABILITY = (7, 5)  # LLM.int8(); NF4 runs from 6.0 (bitsandbytes' installation guide, "NVIDIA CUDA")
+
+
+def usable_modes(device: Any = None) -> tuple[str, ...]:
+    """The quantized modes bitsandbytes runs on ``device``: int8 and nf4 from compute capability
+    7.5, nf4 alone below (a P100 is 6.0), none off CUDA."""
+    import torch
+
+    from utils import rehearsal
+
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda":
+        return ()
+    cap = tuple(rehearsal.capability(device.index or 0))
+    return tuple(m for m in QUANT_MODES if m != "int8" or cap >= INT8_MIN_CAPABILITY)
+
+
 def load(preset: str, mode: str, device: Any = None):
     """``preset``'s random checkpoint loaded in ``mode`` (``bf16``, ``fp16``, ``fp32``, ``int8``,
     ``nf4``), in eval mode. A quantized mode without a usable bitsandbytes is a one-line error."""
@@ -130,8 +147,9 @@ def compare(preset: str, *, prompt_len: int, new_tokens: int, ppl_seq_len: int, 
     :func:`utils.inference.measure_decode`) and held-out perplexity of the reference dtype
     and each of ``modes``, one model in memory at a time.
 
-    Returns ``{"reference": mode, "skipped": reason or None, "modes": {mode: {...}}}``; without
-    a usable bitsandbytes only the reference is measured and ``skipped`` says why."""
+    Returns ``{"reference": mode, "skipped": reason or None, "modes": {mode: {...}}, "not_run":
+    {mode: reason}}``; without a usable bitsandbytes only the reference is measured and ``skipped``
+    says why; a mode this GPU cannot run (int8 below compute capability 7.5) is in ``not_run``."""
     import torch
 
     from utils.decode import eager_path
@@ -143,10 +161,12 @@ def compare(preset: str, *, prompt_len: int, new_tokens: int, ppl_seq_len: int, 
     ok, why = bitsandbytes_usable()
     if ok and device.type != "cuda":
         ok, why = False, f"the model runs on {device.type}, and bitsandbytes' 8-bit and 4-bit layers on a CUDA GPU"
-    todo = [ref] + ([m for m in modes if m != ref] if ok else [])
+    usable = usable_modes(device) if ok else ()
+    not_run = {m: "bitsandbytes' LLM.int8() needs compute capability 7.5" for m in modes if ok and m not in usable}
+    todo = [ref] + ([m for m in modes if m != ref and m in usable] if ok else [])
     ids = held_out_ids()
     prompt = ids[:prompt_len][None].to(device)
-    out: dict[str, Any] = {"reference": ref, "skipped": None if len(todo) > 1 else why, "modes": {}}
+    out: dict[str, Any] = {"reference": ref, "skipped": None if len(todo) > 1 else why, "modes": {}, "not_run": not_run}
     for mode in todo:
         model, info = measure_weights(preset, mode, device)
         info["perplexity"] = perplexity(model, ids[prompt_len:], ppl_seq_len, ppl_blocks)

@@ -169,7 +169,12 @@ class TrainLoop:
         # graph, the [batch, seq, vocab] logits included, and its backward then gets a zero gradient
         # of the logits' shape (autograd materializes unused grads: set_materialize_grads). On an
         # H200 that cost 13% of the step and 3.07 GiB (GPT-2-small, batch 16 x 1024; RESULTS.md)
-        self.loss_fn = torch.compile(self._loss, mode=config.compile_mode) if config.compile_mode else self._loss
+        # a GPU below compute capability 7.0 (a P100) cannot compile (utils.tier_plan): eager, as its plan says
+        from utils.tier_plan import too_old_to_compile
+
+        self.compile_skipped = too_old_to_compile(self.device) if config.compile_mode else None
+        compiled = bool(config.compile_mode) and self.compile_skipped is None
+        self.loss_fn = torch.compile(self._loss, mode=config.compile_mode) if compiled else self._loss
         self.loader = make_loader(config, self.vocab_size)
         self._batches = _forever(self.loader)
         self.flops_per_token = flops_per_token_from_config(base_cfg, config.seq_len)
@@ -273,9 +278,9 @@ def measure_loop(loop: TrainLoop, steps: int, warmup_steps: int = 3, monitor: bo
 class FinetuneRecipe:
     """How a LoRA fine-tune is set up. The fields are the knobs whose defaults differ between
     tutorials, and which change peak memory by several times at the same batch and sequence."""
-    quant: str = "none"  # "none": bf16 base weights; "nf4": bitsandbytes 4-bit NF4 (QLoRA)
+    quant: str = "none"  # "none": 16-bit base weights (bf16; fp16 on a GPU without bf16); "nf4": 4-bit NF4 (QLoRA)
     checkpointing: str = "non-reentrant"  # "none", "reentrant" (torch's old default), "non-reentrant"
-    autocast: bool = False  # wrap forward in torch.autocast(bf16)
+    autocast: bool = False  # wrap forward in torch.autocast (bf16; fp16 on a GPU without bf16)
     prepare_kbit: bool = False  # peft.prepare_model_for_kbit_training (upcasts non-4-bit params to fp32)
     lora_r: int = 16
     lora_alpha: int = 32
@@ -344,8 +349,17 @@ def _saved_random_model(preset: str) -> str:
     return _SAVED[preset]
 
 
+def _torch_half(device):
+    """The 16-bit dtype of the LoRA recipes on ``device``: bf16, except fp16 on a GPU without bf16
+    (a T4, a P100, where cuBLAS has no bf16 GEMMs: ``utils.tier_plan``); the recipes' names say bf16."""
+    import torch
+
+    return torch.float16 if device.type == "cuda" and best_precision(device) == "fp16" else torch.bfloat16
+
+
 def build_finetune(preset: str, recipe: FinetuneRecipe, device: Any = None):
-    """``(peft_model, note)``: the preset with random weights, bf16 or 4-bit, LoRA on ``target_modules``.
+    """``(peft_model, note)``: the preset with random weights, 16-bit (bf16; fp16 on a GPU without
+    bf16) or 4-bit, LoRA on ``target_modules``.
 
     A 4-bit recipe without a usable bitsandbytes falls back to bf16 LoRA and says so in ``note``."""
     import torch
@@ -354,6 +368,7 @@ def build_finetune(preset: str, recipe: FinetuneRecipe, device: Any = None):
     from utils.models import build_model
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    half = _torch_half(device)
     note = ""
     quant = recipe.quant
     if quant == "nf4":
@@ -365,12 +380,12 @@ def build_finetune(preset: str, recipe: FinetuneRecipe, device: Any = None):
         from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
         bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                 bnb_4bit_compute_dtype=torch.bfloat16)
+                                 bnb_4bit_compute_dtype=half)
         model = AutoModelForCausalLM.from_pretrained(_saved_random_model(preset), quantization_config=bnb,
-                                                     dtype=torch.bfloat16, device_map={"": device.index or 0})
+                                                     dtype=half, device_map={"": device.index or 0})
     else:
         torch.manual_seed(0)
-        model = build_model(preset, dtype="bf16", device=device)
+        model = build_model(preset, dtype=half, device=device)
     model.config.use_cache = False
     if recipe.prepare_kbit:
         kw = {"use_reentrant": recipe.checkpointing != "non-reentrant"}
@@ -429,7 +444,7 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
     vocab = preset_config(preset).vocab_size
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, vocab, (batch_size, seq_len), generator=gen).to(device)
-    ac = torch.autocast(device.type, dtype=torch.bfloat16) if recipe.autocast else contextlib.nullcontext()
+    ac = torch.autocast(device.type, dtype=_torch_half(device)) if recipe.autocast else contextlib.nullcontext()
     sw = Stopwatch(warmup_steps=1, tokens_per_step=batch_size * seq_len, device=device)
     saved: dict = {}
     grads_ok, peak_b, opt_b, grad_b = False, 0, 0, 0

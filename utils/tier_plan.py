@@ -1,0 +1,407 @@
+"""The plan of each lab on each card: sizes, dtype, ``torch.compile``, what is skipped and why, and
+whether it fits the card's memory. Printed by every lab's device cell (``print(SIZES)``: the sizes
+of ``utils.env`` print as their plan), so a learner reads what they will get before any cell
+runs, not from a crash. ``python -m utils.tier_table`` prints the plans for this machine or any
+card below, and writes README.md's table of tiers from them (a test checks they agree).
+
+What decides a plan is the card's compute capability (NVIDIA's list, https://developer.nvidia.com/cuda-gpus:
+T4 7.5, P100 6.0, L4 8.9, A100 8.0, H100 9.0), its memory and its GPU count:
+
+- **bf16** needs compute capability 8.0 (Ampere): a T4 (7.5) and a P100 (6.0) run fp16.
+  On a P100 even bf16 storage is no way out: cuBLAS refuses its bf16 GEMMs
+  (``CUBLAS_STATUS_NOT_SUPPORTED``; pytorch/pytorch, "BFloat16 CUDA GEMM ops unsupported on
+  Nvidia P100 (SM_60) on CUDA 11.3").
+- **torch.compile** (inductor) generates Triton kernels for CUDA, and PyTorch refuses GPUs
+  below compute capability 7.0: ``torch/utils/_triton.py`` (``has_triton``: its CUDA check is
+  ``get_device_properties().major >= 7``), ``torch/_dynamo/device_interface.py``
+  (``CudaInterface.is_triton_capable``) and ``torch/_inductor/scheduler.py``
+  (``Scheduler.create_backend``), which raises ``GPUTooOldForTriton``
+  (``torch/_inductor/exc.py``: "Triton only supports devices of CUDA Capability >= 7.0, but
+  your device is of CUDA capability 6.0"). PyTorch 2.13's sources, as installed here; the
+  error is reported from P100s and GTX 10x0s in vllm-project/vllm, karpathy/nanoGPT and
+  MIC-DKFZ/nnUNet issues. It is raised when the first compiled call compiles, not when
+  ``torch.compile`` wraps the function, which is why a lab has to decide before it runs.
+  Backends that generate no Triton code (``eager``, ``aot_eager``, ``cudagraphs``) do not hit it.
+- **Triton** itself lists "NVIDIA GPUs (Compute Capability 8.0+)" as its supported hardware
+  (triton-lang/triton README, Compatibility); since its MMAv1 removal ("[BACKEND] Deprecate
+  MMAv1; fallback to FMA for computeCapability < 80") older GPUs fall back to FMA dot
+  products, and its maintainers answer sm75 reports with "sm75 is not currently supported. It
+  may work at times". So on a T4 compile runs at PyTorch's gate (7.0) without Triton's
+  support, and on a P100 neither compile nor a hand-written Triton kernel runs.
+- **PyTorch's own wheels**: from PyTorch 2.8 its CUDA 12.8 and 12.9 builds carry no Maxwell or
+  Pascal kernels (its 2.8.0 release notes: "please utilize CUDA 12.6 instead"; CUDA 13 builds
+  start at Turing), and a proposal for 2.15 removes the CUDA 12.6 builds too (pytorch/pytorch,
+  "[RFC] CUDA support matrix for Release 2.15 — deprecate CUDA 12.6"). Kaggle's default image
+  ships a CUDA 12.8 build, so a P100 there allocates, ``torch.cuda.is_available()`` is True, and
+  the first CUDA operation fails with "no kernel image is available" (Kaggle/docker-python,
+  "Pytorch CUDA P100 GPU Incompatibility", whose warning lists "sm_70 sm_75 sm_80 sm_86 sm_90
+  sm_100 sm_120"; Kaggle/kaggle-cli, "machine_shape NvidiaTeslaP100 ... has no sm_60 kernels",
+  where Kaggle recommends T4 or L4). The live plan reads ``torch.cuda.get_arch_list()`` and
+  says so first.
+- **vLLM**'s CUDA build needs 7.0 (``utils.engines.VLLM_MIN_CAPABILITY``); fp8 weights run as
+  W8A8 from 8.9 and weight-only (FP8 Marlin) from 7.5 (vLLM docs, "FP8 W8A8").
+- **bitsandbytes**: LLM.int8() needs 7.5, NF4 4-bit 6.0 (bitsandbytes installation guide,
+  "NVIDIA CUDA" feature table).
+
+Memory: a plan fits when, at every peak of the lab (``utils.lab_memory``), each process's
+estimate plus :data:`MARGIN` of it plus :data:`CONTEXT_GIB` of CUDA context, summed over the
+processes on a GPU, is at most the card's memory; a share an engine enforces itself (vLLM's
+``--gpu-memory-utilization``, its context included) counts as it is. Both numbers are chosen, not
+measured: the margin covers what the caching allocator reserves beyond what it hands out (fragmentation),
+the context is "several hundred MB" (``utils.memory``), rounded up. The peaks themselves err
+high: 3% to 49% above the seven peaks measured on one H200 that ``tests/utils/test_tier_plan.py``
+checks them against (``benchmarks/RESULTS.md``).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from utils import lab_memory, rehearsal
+
+MARGIN = 0.15  # added to every estimate of a process's peak: a chosen headroom (see the module docstring)
+CONTEXT_GIB = 0.5  # CUDA context per process on a GPU: an estimate, "several hundred MB" rounded up
+COMPILE_MIN = (7, 0)  # PyTorch's inductor: GPUTooOldForTriton below
+BF16_MIN = (8, 0)
+TENSOR_CORES_MIN = (7, 0)  # Volta
+BNB_INT8_MIN, BNB_NF4_MIN = (7, 5), (6, 0)
+FP8_W8A8_MIN = (8, 9)
+LABS = ("00_foundations", "01_single_gpu", "02_multi_gpu", "03_inference_serving", "04_benchmarking_production",
+        "05_hardware_and_cost")
+
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU (or the CPU) a learner runs on; ``memory_gib`` is what the plans must fit."""
+
+    key: str
+    name: str
+    memory_gib: float | None  # per GPU; None on the CPU
+    capability: tuple[int, int] | None  # None on the CPU
+    gpus: int = 1
+    where: str = ""
+    memory_source: str = ""
+
+    @property
+    def gpu(self) -> bool:
+        return self.capability is not None
+
+    def at_least(self, cap: tuple[int, int]) -> bool:
+        return self.gpu and tuple(self.capability) >= cap
+
+    @property
+    def size_tier(self) -> str:
+        """The ``utils.env`` tier this card gets (``utils.env.device_tier``'s rule)."""
+        if not self.gpu:
+            return "cpu"
+        if self.capability[0] >= 9:
+            return "h100"
+        return "a100" if self.capability[0] >= 8 and self.memory_gib > 20 else "t4"
+
+
+_SMI = "nvidia-smi's total as these cards commonly report it (utils.rehearsal), an estimate"
+_DS = "the datasheet's {} GB as 10^9 bytes (utils.hardware.SPECS; nvidia-smi's total is not recorded here)"
+CARDS = {c.key: c for c in (
+    Card("cpu", "CPU (smoke mode)", None, None, 0, "any machine without a CUDA GPU"),
+    Card("t4", "T4", rehearsal.TIER_CARDS["t4"].memory_gib, (7, 5), 1, "Colab free tier, Kaggle", _SMI),
+    Card("t4x2", "T4 x2", rehearsal.TIER_CARDS["t4"].memory_gib, (7, 5), 2, "Kaggle (GPU T4 x2)", _SMI),
+    Card("p100", "P100", 16e9 / 2**30, (6, 0), 1, "Kaggle (GPU P100)", _DS.format(16)),
+    Card("l4", "L4", rehearsal.TIER_CARDS["a100"].memory_gib, (8, 9), 1, "Colab paid tiers", _SMI),
+    Card("a100-40gb", "A100 40GB", 40e9 / 2**30, (8, 0), 1, "Colab paid tiers", _DS.format(40)),
+    Card("h100", "H100 80GB", rehearsal.TIER_CARDS["h100"].memory_gib, (9, 0), 1, "clouds", _SMI),
+)}
+
+
+def compile_support(card: Card) -> tuple[bool, str]:
+    """Whether ``torch.compile`` (inductor, Triton kernels) runs on ``card``, and why not."""
+    if not card.gpu:
+        return False, "smoke mode: the labs do not compile on the CPU"
+    if not card.at_least(COMPILE_MIN):
+        cc = ".".join(map(str, card.capability))
+        return False, (f"compute capability {cc}: PyTorch's inductor generates Triton kernels and refuses GPUs "
+                       "below 7.0 (GPUTooOldForTriton), so the lab runs eager instead")
+    return True, ""
+
+
+def too_old_to_compile(device=None) -> str | None:
+    """Why ``torch.compile`` cannot run on ``device`` (a CUDA device below compute capability 7.0,
+    the rehearsed card's under ``GPULAB_TIER``), or None. The labs' code asks this before compiling,
+    so a P100 runs eager as its plan says instead of failing at the first compiled call."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    cap = tuple(rehearsal.capability(dev.index or 0))
+    if cap >= COMPILE_MIN:
+        return None
+    return compile_support(Card("this", "this GPU", None, cap))[1]
+
+
+def card_dtype(card: Card) -> str:
+    """The card's 16-bit dtype: bf16 from compute capability 8.0, fp16 before; fp32 on the CPU."""
+    if not card.gpu:
+        return "fp32"
+    return "bf16" if card.at_least(BF16_MIN) else "fp16"
+
+
+@dataclass(frozen=True)
+class LabPlan:
+    """What ``lab`` does on ``card``. ``skipped`` maps each part left out (or replaced) to why."""
+
+    lab: str
+    card: Card
+    size_tier: str
+    sizes: object
+    dtype: str
+    compile: bool
+    compile_note: str
+    runs: tuple[str, ...]
+    skipped: dict = field(default_factory=dict)
+    moments: tuple = ()
+
+    def needed_gib(self, m: lab_memory.Moment) -> float:
+        """GPU memory ``m`` needs on one GPU, margin and contexts included."""
+        total = m.notebook_gib * (1 + MARGIN) + CONTEXT_GIB
+        for o in m.others:
+            total += o.gib if o.fixed else o.gib * (1 + MARGIN) + CONTEXT_GIB
+        return total
+
+    @property
+    def peak(self) -> tuple[lab_memory.Moment, float] | None:
+        if not self.card.gpu or not self.moments:
+            return None
+        m = max(self.moments, key=self.needed_gib)
+        return m, self.needed_gib(m)
+
+    @property
+    def fits(self) -> bool:
+        p = self.peak
+        return p is None or p[1] <= self.card.memory_gib
+
+    def memory_line(self) -> str:
+        p = self.peak
+        if p is None:
+            return "memory: smoke sizes on the CPU (no GPU memory to fit)"
+        m, need = p
+        verdict = "fits" if need <= self.card.memory_gib else "DOES NOT FIT"
+        return (f"memory: {need:.1f} of {self.card.memory_gib:.1f} GiB at the peak ({m.name}): {verdict}; an "
+                f"estimate (utils.lab_memory) with {MARGIN:.0%} margin and {CONTEXT_GIB} GiB of CUDA context per process")
+
+    def text(self, sizes_of: Callable[[str, str], object] | None = None) -> str:
+        """The plan as the device cell prints it; ``sizes_of(lab, tier)`` (``utils.env.phase_sizes``)
+        adds the other labs' one-line plans on a card that cannot run everything (a P100)."""
+        title = f"Plan for {self.lab}: {self.card.name}, {self.size_tier} sizes"
+        lines = [title, "  " + "-" * len(title)]
+        lines += ["  " + n for n in card_notes(self.card)]
+        lines.append(f"  dtype: {self.dtype} | torch.compile: {'on' if self.compile else 'off'}"
+                     + (f" ({self.compile_note})" if self.compile_note else ""))
+        lines.append(f"  sizes: {self.sizes!r}")
+        lines += [f"  runs: {r}" for r in self.runs]
+        lines += [f"  skipped: {what}: {why}" for what, why in self.skipped.items()]
+        lines.append("  " + self.memory_line())
+        if sizes_of is not None and self.card.gpu and not self.card.at_least(COMPILE_MIN):
+            lines.append(f"  On this card, lab by lab ({self.card.name}):")
+            for lab in LABS:
+                tier = sizes_tier(lab, self.card)
+                lines.append(f"    {lab}: {lab_summary(plan_for(lab, self.card, sizes_of(lab, tier), tier))}")
+        return "\n".join(lines)
+
+
+def card_notes(card: Card) -> list[str]:
+    """What every lab on ``card`` should know first."""
+    if not card.gpu:
+        return ["no CUDA GPU: smoke mode, tiny sizes on the CPU, the same code and lenient checks"]
+    cc = ".".join(map(str, card.capability))
+    notes = []
+    if not card.at_least(TENSOR_CORES_MIN):
+        notes.append(f"compute capability {cc}: no tensor cores and no bf16 (fp16 runs on the CUDA cores; datasheet "
+                     "peaks in utils.hardware.SPECS); no torch.compile, no Triton, no vLLM, no LLM.int8()")
+        sm = f"sm_{card.capability[0]}{card.capability[1]}"
+        notes.append(f"PyTorch's CUDA 12.8 and newer builds (Kaggle's default image) have no {sm} kernels: if "
+                     f"torch.cuda.get_arch_list() lacks '{sm}', every CUDA operation fails; install a CUDA 12.6 "
+                     "build of torch, or choose GPU T4 x2")
+    elif not card.at_least(BF16_MIN):
+        notes.append(f"compute capability {cc}: fp16 tensor cores, no bf16; torch.compile passes PyTorch's 7.0 gate, "
+                     "though Triton lists 8.0+ as its supported hardware")
+    return notes
+
+
+def sizes_tier(lab: str, card: Card) -> str:
+    """The ``utils.env`` tier of ``lab``'s sizes on ``card``: the card's, except lab 02 on fewer
+    than two GPUs, whose multi-process runs are CPU processes at smoke sizes (``utils.launch``)."""
+    return "cpu" if lab == "02_multi_gpu" and card.gpus < 2 else card.size_tier
+
+
+def plan_for(lab: str, card: Card, sizes, tier: str | None = None) -> LabPlan:
+    """The plan of ``lab`` on ``card`` at ``sizes`` (a ``utils.env`` sizes object of ``tier``)."""
+    if lab not in LABS:
+        raise KeyError(f"no plan for lab {lab!r}; known: {', '.join(LABS)}")
+    ok, why = compile_support(card)
+    ctx = lab_memory.Context(half=card_dtype(card), card_gib=card.memory_gib or 0.0,
+                             multi_gpu=card.gpus >= 2 and card.gpu, vllm=card.at_least((7, 0)))
+    runs, skipped, dtype, compiled, note = _BUILDERS[lab](card, sizes, ok, why)
+    moments = tuple(lab_memory.moments(lab, sizes, ctx)) if card.gpu else ()
+    return LabPlan(lab, card, tier or sizes_tier(lab, card), sizes, dtype, compiled, note, tuple(runs), skipped,
+                   moments)
+
+
+def _lab00(card, s, ok, why):
+    d = card_dtype(card)
+    runs = [f"matmul {s.matmul_n}^3 in {d}, copy and x + 1 over {s.elementwise_numel:,} fp32 elements, "
+            f"{s.tiny_ops:,} tiny ops", f"{s.model} training in fp32, batch {s.batch_size} x {s.seq_len}, "
+            f"{s.train_steps} steps, under the GPU monitor"]
+    return runs, {}, d, False, "not used in this lab"
+
+
+def _lab01(card, s, ok, why):
+    d = card_dtype(card)
+    amp = f"{d} autocast" if card.gpu else "fp32: autocast adds only casts on a CPU"
+    runs = [f"naive loop (fp32, batch {s.naive_batch} x {s.seq_len}) and the ladder of fixes up to batch "
+            f"{s.big_batch} ({amp})", f"{s.ft_model} LoRA and QLoRA, batch {s.ft_batch} x {s.ft_seq_len}, in "
+            f"{d if card.gpu else 'bf16'}"]
+    skipped = {}
+    if not card.gpu:
+        skipped["4-bit QLoRA"] = "bitsandbytes' kernels need a CUDA GPU: it falls back to LoRA and says so"
+    elif not ok:
+        skipped["torch.compile of the optimized loop"] = why + f"; the graded speedup ({s.min_speedup}x) is eager's"
+    note = "the optimized loop's loss, mode 'default'" if ok else why
+    return runs, skipped, d, ok, note
+
+
+def _lab02(card, s, ok, why):
+    skipped = {}
+    if card.gpus >= 2 and card.gpu:
+        d = "bf16" if s.bf16 else "fp32"
+        runs = [f"all-reduce over {card.gpus} GPUs (NCCL), sizes {s.allreduce_sizes}",
+                f"DDP 1 -> {card.gpus} GPUs, {s.model} in {d}, batch {s.batch_per_device} x {s.seq_len} per GPU; "
+                "FSDP; the scaling breaks", f"TRL SFT and DPO, batch {s.post_batch} x {s.post_max_len} per GPU"]
+        if not s.bf16:
+            runs[1] += " (no bf16 before compute capability 8.0)"
+    else:
+        d = "fp32"
+        runs = ["the multi-process cells as 2 CPU processes over gloo at smoke sizes (the same scripts, graded as plumbing)"]
+        skipped["scaling across GPUs"] = (f"{'one GPU' if card.gpu else 'no GPU'}: DDP needs a process per GPU; "
+                                          "Kaggle's GPU T4 x2 has two")
+        skipped["FSDP runs"] = "they need CUDA GPUs over NCCL"
+    if card.gpu and not ok:
+        skipped["fused bias + GELU Triton kernel (bonus)"] = ("Triton does not compile for compute capability "
+                                                             f"{card.capability[0]}.{card.capability[1]}")
+    elif card.gpu:
+        runs.append("the fused bias + GELU Triton kernel (bonus)")
+    note = "the reference runs are eager (Phase2Sizes.compile: a compile costs a minute per launch)"
+    return runs, skipped, d, bool(s.compile and ok), note
+
+
+def _lab03(card, s, ok, why):
+    d = card_dtype(card)
+    skipped = {}
+    runs = [f"{s.model} in {d}: prefill up to {max(s.ttft_lens)} tokens, three decode paths, KV growth, "
+            f"batching up to {max(s.batches)}"]
+    if card.gpu and not ok:
+        skipped["compiled decode (static-cache generate, the fast path's CUDA graphs)"] = why
+    if card.at_least((7, 0)):
+        runs.append("vLLM: its KV-cache allocation against your calculator, prefix caching")
+    elif card.gpu:
+        skipped["vLLM"] = ("its CUDA build needs compute capability 7.0; the same model is served with "
+                           "transformers' continuous batching instead")
+    if card.at_least(BNB_INT8_MIN):
+        runs.append("quantization: int8 (LLM.int8) and 4-bit NF4 against the 16-bit model")
+    elif card.at_least(BNB_NF4_MIN):
+        runs.append("quantization: 4-bit NF4 against the 16-bit model")
+        skipped["int8 (LLM.int8)"] = "bitsandbytes' LLM.int8() needs compute capability 7.5"
+    else:
+        skipped["int8 and NF4 quantization"] = "bitsandbytes' kernels need a CUDA GPU"
+    note = "static-cache generate and the fast decode path, mode 'reduce-overhead'" if ok else why
+    return runs, skipped, d, ok, note
+
+
+def _lab04(card, s, ok, why):
+    d = card_dtype(card)
+    skipped = {}
+    if card.at_least((7, 0)):
+        runs = [f"vLLM serving {s.model} in {d}; load sweep of {s.sweep_points} rates, {s.num_requests} requests each",
+                "candidates: int8 W8A8, fp8 KV cache, fp8 weights"
+                + ("" if card.at_least(FP8_W8A8_MIN) else " (weight-only W8A16 below compute capability 8.9)")]
+        note = "inside vLLM (torch.compile and CUDA graphs)"
+    else:
+        runs = [f"transformers serve (continuous batching) of {s.model} in {d}; load sweep of {s.sweep_points} rates",
+                "candidates: one request at a time" + (", bnb-4bit" if card.gpu else "")]
+        if card.gpu:
+            skipped["vLLM"] = "its CUDA build needs compute capability 7.0; transformers serve runs the lab instead"
+        note = why or "transformers serve does not compile"
+    return runs, skipped, d, card.at_least((7, 0)) and ok, note
+
+
+def _lab05(card, s, ok, why):
+    d = card_dtype(card)
+    runs = [f"roofline points (matmul {s.matmul_n}^3 in {d}), {s.model} training and decode up to batch "
+            f"{max(s.decode_batches)} in fp32, cost per token", f"SIGKILL and resume of a {s.ckpt_model} run, "
+            "checkpoint overhead; XLA recompilation on JAX's backend"]
+    return runs, {}, d, False, "not used in this lab (JAX's jit is XLA's)"
+
+
+_BUILDERS = {"00_foundations": _lab00, "01_single_gpu": _lab01, "02_multi_gpu": _lab02, "03_inference_serving": _lab03,
+             "04_benchmarking_production": _lab04, "05_hardware_and_cost": _lab05}
+
+
+def lab_summary(p: LabPlan) -> str:
+    """One line: what runs (or is skipped) and the memory verdict."""
+    skips = "; ".join(p.skipped) or "nothing skipped"
+    peak = p.peak
+    mem = f"{peak[1]:.1f}/{p.card.memory_gib:.1f} GiB" if peak else "CPU"
+    return f"{p.dtype}, compile {'on' if p.compile else 'off'}; skips: {skips}; {mem}"
+
+
+# -- this machine -----------------------------------------------------------------------------
+
+def current_card(smoke: bool) -> Card:
+    """The card this process runs on (the CPU in smoke mode): the rehearsed one under
+    ``GPULAB_TIER`` (``utils.rehearsal``)."""
+    from utils import hardware
+
+    if smoke:
+        return CARDS["cpu"]
+    import torch
+
+    n = torch.cuda.device_count()
+    rc = rehearsal.card(0)
+    cap = tuple(rehearsal.capability(0))
+    name = torch.cuda.get_device_name(0)
+    mem = rc.memory_gib if rc else torch.cuda.get_device_properties(0).total_memory / 2**30
+    label = f"{rc.name} (rehearsed on {name})" if rc else name
+    spec = hardware.spec_for_name(rc.name if rc else name)
+    key = {"T4": "t4x2" if n >= 2 else "t4", "P100": "p100", "L4": "l4", "A100-40GB": "a100-40gb"}.get(
+        spec.name if spec else "", "this")
+    return Card(key, label + (f" x{n}" if n >= 2 else ""), mem, cap, n, "this machine", "torch.cuda")
+
+
+def arch_warning(card: Card) -> str | None:
+    """One line when this PyTorch build has no kernels for ``card`` (a P100 under a CUDA 12.8+ build)."""
+    if not card.gpu:
+        return None
+    import torch
+
+    arch = torch.cuda.get_arch_list()
+    major, minor = card.capability
+    cc = major * 10 + minor
+    runnable = False
+    for a in arch:  # SASS runs on its own major version, PTX (compute_XY) is compiled for any newer GPU
+        m = re.fullmatch(r"(sm|compute)_(\d+)[af]?", a)
+        if m and int(m[2]) <= cc and (m[1] == "compute" or int(m[2]) // 10 == major):
+            runnable = True
+    if arch and not runnable:
+        sm = f"sm_{cc}"
+        return (f"THIS PYTORCH HAS NO KERNELS FOR {sm} (it has {' '.join(arch)}): every CUDA operation will fail with "
+                "'no kernel image is available'. Install a CUDA 12.6 build (pip install torch --index-url "
+                "https://download.pytorch.org/whl/cu126) and restart, or choose another GPU (Kaggle: GPU T4 x2).")
+    return None
+
+
+def describe(sizes, lab: str, tier: str, smoke: bool, sizes_of: Callable[[str, str], object]) -> str:
+    """The plan for ``sizes`` (``lab``'s, of ``tier``) on this machine, as the device cell prints it:
+    ``utils.env``'s sizes call this from their ``__str__``."""
+    card = current_card(smoke)
+    warn = arch_warning(card)
+    return (warn + "\n" if warn else "") + plan_for(lab, card, sizes, tier).text(sizes_of)
