@@ -145,24 +145,38 @@ def _recorded(name: str) -> float:
     return checks.recorded(rec, name)[0]
 
 
-def baseline(baseline_tps) -> None:
+# The notebook's own numbers are not compared with the record's: on a grading machine without a
+# GPU the notebook ran again on its CPU, so its tokens/s and peaks are this machine's, not the
+# record's card's. The record is checked against itself and the lab's rules instead.
+
+def baseline() -> None:
     v = checks.assert_positive(_recorded("baseline_tokens_per_s"), "record baseline_tokens_per_s")
-    checks.assert_close(baseline_tps, v, "baseline_tps vs the record", rel=1e-6)
+    checks.record_ok(f"naive baseline {v:.4g} tokens/s")
 
 
-def optimized(speedup, min_speedup: float) -> None:
+def optimized() -> None:
+    """The record's speedup is its own tokens/s ratio and at least what its card's size tier
+    expects (the tier of the record's GPU, not this grading machine's smoke tier)."""
+    from grader.phase3_records import tier_of  # the rule of utils.env.device_tier, on a fingerprint
+    from utils.env import phase_sizes
+
+    rec = checks.submitted_record()
+    min_speedup = phase_sizes(PHASE, tier_of(rec.fingerprint)).min_speedup
     sp = _recorded("speedup")
-    checks.assert_close(speedup, sp, "speedup vs the record", rel=1e-6)
+    base = checks.assert_positive(_recorded("baseline_tokens_per_s"), "record baseline_tokens_per_s")
+    opt = checks.assert_positive(_recorded("optimized_tokens_per_s"), "record optimized_tokens_per_s")
+    checks.assert_close(sp, opt / base, "record speedup vs its optimized / baseline tokens/s", rel=1e-3)
     if sp < min_speedup:
         raise AssertionError(f"the record's speedup {sp:.3g}x is below {min_speedup}x")
+    checks.record_ok(f"speedup {sp:.3g}x")
 
 
-def finetune(lora_peak_gib, qlora_peak_gib) -> None:
-    lo, q = _recorded("lora_peak_gib"), _recorded("qlora_peak_gib")
-    checks.assert_close(lora_peak_gib, lo, "lora_peak_gib vs the record", rel=1e-6)
-    checks.assert_close(qlora_peak_gib, q, "qlora_peak_gib vs the record", rel=1e-6)
+def finetune() -> None:
+    lo = checks.assert_positive(_recorded("lora_peak_gib"), "record lora_peak_gib")
+    q = checks.assert_positive(_recorded("qlora_peak_gib"), "record qlora_peak_gib")
     if q > QLORA_RATIO * lo:
         raise AssertionError(f"the record's QLoRA peak {q:.3g} GiB is above {QLORA_RATIO} x LoRA's {lo:.3g}")
+    checks.record_ok(f"LoRA {lo:.3g} GiB, QLoRA {q:.3g} GiB")
 
 
 def assert_variants(diagnose, summary, what: str) -> None:
