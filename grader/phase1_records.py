@@ -157,11 +157,10 @@ def baseline() -> None:
 def optimized() -> None:
     """The record's speedup is its own tokens/s ratio and at least what its card's size tier
     expects (the tier of the record's GPU, not this grading machine's smoke tier)."""
-    from grader.phase3_records import tier_of  # the rule of utils.env.device_tier, on a fingerprint
     from utils.env import phase_sizes
+    from utils.tier_plan import fingerprint_tier
 
-    rec = checks.submitted_record()
-    min_speedup = phase_sizes(PHASE, tier_of(rec.fingerprint)).min_speedup
+    min_speedup = phase_sizes(PHASE, fingerprint_tier(checks.submitted_record().fingerprint)).min_speedup
     sp = _recorded("speedup")
     base = checks.assert_positive(_recorded("baseline_tokens_per_s"), "record baseline_tokens_per_s")
     opt = checks.assert_positive(_recorded("optimized_tokens_per_s"), "record optimized_tokens_per_s")

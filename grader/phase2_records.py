@@ -245,18 +245,14 @@ def save_record(ns: dict, path: str | Path | None = None):
 def _record_sizes(rec, name: str):
     """The sizes the record's run used: its tier's, and the tier must be its GPU's."""
     from utils.env import phase_sizes
+    from utils.tier_plan import fingerprint_tier
 
     m = rec.measurements.get(name)
     if m is None:
         raise AssertionError(f"the record has no measurement {name!r}: run the whole notebook before saving it")
     backend, tier = m.extra.get("backend"), m.extra.get("tier")
     fp = rec.fingerprint
-    try:
-        major = int(str(fp.get("compute_capability", "0")).split(".")[0])
-    except ValueError:
-        major = 0
-    gpu_tier = "h100" if major >= 9 else "a100" if major >= 8 and (fp.get("memory_gib") or 0) > 20 else "t4"
-    want = gpu_tier if backend == "nccl" else "cpu"  # one GPU: the multi-process runs were CPU processes
+    want = fingerprint_tier(fp) if backend == "nccl" else "cpu"  # one GPU: the multi-process runs were CPU processes
     if tier != want:
         raise AssertionError(f"the record's runs used the {tier!r} sizes; a {fp.get('name')} run over {backend} uses {want!r}")
     return phase_sizes(PHASE, tier), backend, ("gpu" if backend == "nccl" else "cpu")

@@ -56,16 +56,6 @@ def precision(model_or_dtype: Any) -> str:
     return TORCH_DTYPES.get(checks.dtype_name(d), str(d))
 
 
-def tier_of(fingerprint: dict) -> str:
-    """The size tier a GPU fingerprint falls in, by the rule of ``utils.env.device_tier``."""
-    try:
-        major = int(str(fingerprint.get("compute_capability", "0")).split(".")[0])
-    except ValueError:
-        major = 0
-    mem = fingerprint.get("memory_gib") or 0
-    return "h100" if major >= 9 else ("a100" if major >= 8 and mem > 20 else "t4")
-
-
 def reference_calculator(layers, kv_heads, head_dim, dtype, batch, context, kv_memory_gib, block_size=16) -> dict:
     """What ``kv_cache_calculator`` must return, from ``utils.kvcache`` (vLLM v1's arithmetic)."""
     from utils.kvcache import KVSpec, dtype_bytes
@@ -203,7 +193,9 @@ def decode(bytes_per_decode_step) -> None:
         checks.assert_not_above(gbs, spec.bandwidth_gbs, f"recorded {name} decode bandwidth", "GB/s",
                                 f"the {spec.name} datasheet bandwidth")
         tps[name] = v
-    need = sizes(tier_of(rec.fingerprint)).min_fast_speedup
+    from utils.tier_plan import fingerprint_tier
+
+    need = sizes(fingerprint_tier(rec.fingerprint)).min_fast_speedup
     if tps["fast"] / tps["eager"] < need:
         raise AssertionError(f"the record's fast path is {tps['fast'] / tps['eager']:.3g}x eager generate, below {need}x")
     checks.record_ok(f"decode: eager {tps['eager']:.4g}, fast {tps['fast']:.4g} tokens/s")

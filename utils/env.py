@@ -63,13 +63,10 @@ def device_tier() -> str:
         return "cpu"
     import torch
 
+    from utils.tier_plan import gpu_tier
+
     major, _ = torch.cuda.get_device_capability(0)
-    mem_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    if major >= 9:
-        return "h100"
-    if major >= 8 and mem_gib > 20:
-        return "a100"
-    return "t4"
+    return gpu_tier(major, torch.cuda.get_device_properties(0).total_memory / 2**30)
 
 
 class _PrintsPlan:

@@ -71,6 +71,24 @@ LABS = ("00_foundations", "01_single_gpu", "02_multi_gpu", "03_inference_serving
         "05_hardware_and_cost")
 
 
+def gpu_tier(major: int, memory_gib: float) -> str:
+    """The ``utils.env`` size tier of a GPU of compute capability ``major``.x with ``memory_gib`` of memory:
+    ``h100`` from Hopper, ``a100`` for Ampere/Ada above 20 GiB, else ``t4``."""
+    if major >= 9:
+        return "h100"
+    return "a100" if major >= 8 and memory_gib > 20 else "t4"
+
+
+def fingerprint_tier(fingerprint: dict) -> str:
+    """:func:`gpu_tier` of the GPU a measurement record's fingerprint names (``compute_capability``
+    as ``"9.0"``, ``memory_gib``); a missing or unreadable capability counts as the smallest tier."""
+    try:
+        major = int(str(fingerprint.get("compute_capability", "0")).split(".")[0])
+    except ValueError:
+        major = 0
+    return gpu_tier(major, fingerprint.get("memory_gib") or 0)
+
+
 @dataclass(frozen=True)
 class Card:
     """A GPU (or the CPU) a learner runs on; ``memory_gib`` is what the plans must fit."""
@@ -93,11 +111,7 @@ class Card:
     @property
     def size_tier(self) -> str:
         """The ``utils.env`` tier this card gets (``utils.env.device_tier``'s rule)."""
-        if not self.gpu:
-            return "cpu"
-        if self.capability[0] >= 9:
-            return "h100"
-        return "a100" if self.capability[0] >= 8 and self.memory_gib > 20 else "t4"
+        return gpu_tier(self.capability[0], self.memory_gib) if self.gpu else "cpu"
 
 
 _SMI = "nvidia-smi's total as these cards commonly report it (utils.rehearsal), an estimate"
