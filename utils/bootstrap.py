@@ -17,6 +17,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -102,8 +103,19 @@ def pip_install(requirement: str) -> str | None:
         return f"pip did not start: {exc}"
     if r.returncode == 0:
         return None
-    tail = [ln.strip() for ln in (r.stderr or r.stdout or "").splitlines() if ln.strip()]
-    return (tail[-1] if tail else f"pip exited {r.returncode}")[:200]
+    return pip_error(r.stderr or r.stdout or "", r.returncode)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # pip colours its errors on a terminal-like stream
+
+
+def pip_error(text: str, returncode: int) -> str:
+    """The line of pip's output that says why it failed: its last ``ERROR:`` line (for an offline
+    runtime, "No matching distribution found for ..."), colour codes removed; else its last line."""
+    lines = [ln.strip() for ln in _ANSI.sub("", text).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("ERROR:")]
+    line = (errors or lines or [f"pip exited {returncode}"])[-1]
+    return line.removeprefix("ERROR:").strip()[:200]
 
 
 def _has(module: str) -> bool:

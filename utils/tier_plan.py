@@ -100,10 +100,15 @@ class Card:
     gpus: int = 1
     where: str = ""
     memory_source: str = ""
+    absent: tuple[tuple[str, str], ...] = ()  # (package, why) not usable on this machine: "vllm", "bitsandbytes"
 
     @property
     def gpu(self) -> bool:
         return self.capability is not None
+
+    def lacks(self, package: str) -> str | None:
+        """Why ``package`` cannot be used on this machine, or None (a tier card lacks nothing)."""
+        return dict(self.absent).get(package)
 
     def at_least(self, cap: tuple[int, int]) -> bool:
         return self.gpu and tuple(self.capability) >= cap
@@ -254,7 +259,8 @@ def plan_for(lab: str, card: Card, sizes, tier: str | None = None) -> LabPlan:
         raise KeyError(f"no plan for lab {lab!r}; known: {', '.join(LABS)}")
     ok, why = compile_support(card)
     ctx = lab_memory.Context(half=card_dtype(card), card_gib=card.memory_gib or 0.0,
-                             multi_gpu=card.gpus >= 2 and card.gpu, vllm=card.at_least((7, 0)))
+                             multi_gpu=card.gpus >= 2 and card.gpu,
+                             vllm=card.at_least((7, 0)) and not card.lacks("vllm"))
     runs, skipped, dtype, compiled, note = _BUILDERS[lab](card, sizes, ok, why)
     moments = tuple(lab_memory.moments(lab, sizes, ctx)) if card.gpu else ()
     return LabPlan(lab, card, tier or sizes_tier(lab, card), sizes, dtype, compiled, note, tuple(runs), skipped,
@@ -278,7 +284,9 @@ def _lab01(card, s, ok, why):
     skipped = {}
     if not card.gpu:
         skipped["4-bit QLoRA"] = "bitsandbytes' kernels need a CUDA GPU: it falls back to LoRA and says so"
-    elif not ok:
+    elif card.lacks("bitsandbytes"):
+        skipped["4-bit QLoRA"] = card.lacks("bitsandbytes") + ": it falls back to LoRA and says so"
+    if card.gpu and not ok:
         skipped["torch.compile of the optimized loop"] = why + f"; the graded speedup ({s.min_speedup}x) is eager's"
     note = "the optimized loop's loss, mode 'default'" if ok else why
     return runs, skipped, d, ok, note
@@ -315,12 +323,16 @@ def _lab03(card, s, ok, why):
             f"batching up to {max(s.batches)}"]
     if card.gpu and not ok:
         skipped["compiled decode (static-cache generate, the fast path's CUDA graphs)"] = why
-    if card.at_least((7, 0)):
+    instead = "the same model is served with transformers' continuous batching instead"
+    if card.at_least((7, 0)) and card.lacks("vllm"):
+        skipped["vLLM"] = f"{card.lacks('vllm')}; {instead}"
+    elif card.at_least((7, 0)):
         runs.append("vLLM: its KV-cache allocation against your calculator, prefix caching")
     elif card.gpu:
-        skipped["vLLM"] = ("its CUDA build needs compute capability 7.0; the same model is served with "
-                           "transformers' continuous batching instead")
-    if card.at_least(BNB_INT8_MIN):
+        skipped["vLLM"] = f"its CUDA build needs compute capability 7.0; {instead}"
+    if card.gpu and card.lacks("bitsandbytes"):
+        skipped["int8 and NF4 quantization"] = card.lacks("bitsandbytes") + ": only the 16-bit model is measured"
+    elif card.at_least(BNB_INT8_MIN):
         runs.append("quantization: int8 (LLM.int8) and 4-bit NF4 against the 16-bit model")
     elif card.at_least(BNB_NF4_MIN):
         runs.append("quantization: 4-bit NF4 against the 16-bit model")
@@ -334,18 +346,23 @@ def _lab03(card, s, ok, why):
 def _lab04(card, s, ok, why):
     d = card_dtype(card)
     skipped = {}
-    if card.at_least((7, 0)):
+    vllm = card.at_least((7, 0)) and not card.lacks("vllm")
+    if vllm:
         runs = [f"vLLM serving {s.model} in {d}; load sweep of {s.sweep_points} rates, {s.num_requests} requests each",
                 "candidates: int8 W8A8, fp8 KV cache, fp8 weights"
                 + ("" if card.at_least(FP8_W8A8_MIN) else " (weight-only W8A16 below compute capability 8.9)")]
         note = "inside vLLM (torch.compile and CUDA graphs)"
     else:
         runs = [f"transformers serve (continuous batching) of {s.model} in {d}; load sweep of {s.sweep_points} rates",
-                "candidates: one request at a time" + (", bnb-4bit" if card.gpu else "")]
+                "candidates: one request at a time"
+                + (", bnb-4bit" if card.gpu and not card.lacks("bitsandbytes") else "")]
+        if card.gpu and card.lacks("bitsandbytes"):
+            skipped["bnb-4bit candidate"] = card.lacks("bitsandbytes")
         if card.gpu:
-            skipped["vLLM"] = "its CUDA build needs compute capability 7.0; transformers serve runs the lab instead"
+            skipped["vLLM"] = ((card.lacks("vllm") if card.at_least((7, 0)) else
+                                "its CUDA build needs compute capability 7.0") + "; transformers serve runs the lab instead")
         note = why or "transformers serve does not compile"
-    return runs, skipped, d, card.at_least((7, 0)) and ok, note
+    return runs, skipped, d, vllm and ok, note
 
 
 def _lab05(card, s, ok, why):
@@ -388,7 +405,25 @@ def current_card(smoke: bool) -> Card:
     spec = hardware.spec_for_name(rc.name if rc else name)
     key = {"T4": "t4x2" if n >= 2 else "t4", "P100": "p100", "L4": "l4", "A100-40GB": "a100-40gb"}.get(
         spec.name if spec else "", "this")
-    return Card(key, label + (f" x{n}" if n >= 2 else ""), mem, cap, n, "this machine", "torch.cuda")
+    return Card(key, label + (f" x{n}" if n >= 2 else ""), mem, cap, n, "this machine", "torch.cuda",
+                software_absent())
+
+
+def software_absent() -> tuple[tuple[str, str], ...]:
+    """The optional packages a GPU lab uses that this machine cannot use, each with the one-line
+    reason the lab itself gives: vLLM (``utils.engines.available``, what lab 03's and 04's engine
+    choice reads) and bitsandbytes (``utils.quantize``)."""
+    import importlib.util
+
+    from utils import engines
+
+    absent = []
+    ok, why = engines.available("vllm")
+    if not ok:
+        absent.append(("vllm", why))
+    if importlib.util.find_spec("bitsandbytes") is None:
+        absent.append(("bitsandbytes", "bitsandbytes is not installed (pip install bitsandbytes)"))
+    return tuple(absent)
 
 
 def arch_warning(card: Card) -> str | None:

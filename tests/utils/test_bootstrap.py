@@ -3,6 +3,8 @@ optional package that would not install, and one line (no traceback) when a need
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -112,3 +114,17 @@ def test_pip_failure_is_its_last_line(tmp_path):
     (tmp_path / "not-a-project").mkdir()
     why = bootstrap.pip_install(str(tmp_path / "not-a-project"))  # a real pip run that fails without the network
     assert why and "\n" not in why and "not-a-project" in why, why
+
+
+def test_pips_reason_survives_its_colours(tmp_path):
+    """Inside a Jupyter kernel pip colours its output (ipykernel sets FORCE_COLOR), and its last
+    line is a bare colour reset: the reason a learner reads is pip's last ERROR line, uncoloured.
+    Real pip, offline (an index nothing listens on)."""
+    env = {**os.environ, "FORCE_COLOR": "1", "PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": ""}
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", "--retries", "0", "--timeout", "2",
+                        "--disable-pip-version-check", "--index-url", "http://127.0.0.1:9/simple", "gpulab-no-such-pkg"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode != 0 and "\x1b[" in r.stderr  # the colours this test is about
+    why = bootstrap.pip_error(r.stderr, r.returncode)
+    assert why == "No matching distribution found for gpulab-no-such-pkg"
+    assert bootstrap.pip_error("", 2) == "pip exited 2"
