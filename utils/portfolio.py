@@ -1,18 +1,19 @@
-"""``python -m utils.portfolio NOTEBOOK --out DIR [--record FILE]``: a lab's results as a
-README for the learner's GitHub project.
+"""``python -m utils.portfolio NOTEBOOK_OR_RECORD --out DIR [--record FILE]`` (also
+``python -m grader report ...``, grader/__main__.py): a lab's results as a README for the
+learner's GitHub project.
 
-It reads the lab's measurement record (``utils/record.py``; by default the
-``<assignment>.record.json`` beside the notebook, else the smoke record
-``<assignment>.smoke.record.json`` that ``grader/checks.py``'s ``record_path`` names) and the
-learner's notebook, and writes ``DIR/README.md`` with the machine's fingerprint, what each
-measurement ran (the workload), the lab's before/after tables (``utils/portfolio_sections.py``),
-every measurement with its unit, the figures the record has data for as PNG files
-(``utils/portfolio_plots.py``; a figure it lacks the data for is named with the reason), and
-the learner's own answers quoted as written (``utils/portfolio_answers.py``).
+It is given a lab notebook or a measurement record (``utils/record.py``); which lab, record
+and notebook that makes is ``utils/portfolio_inputs.py``'s ``load``. It writes
+``DIR/README.md`` with the machine's fingerprint, what each measurement ran (the workload),
+the lab's before/after tables (``utils/portfolio_sections.py``), every measurement with its
+unit, the figures the record has data for as PNG files (``utils/portfolio_plots.py``; a figure
+it lacks the data for is named with the reason), and the learner's own answers: quoted as
+written from the notebook (``utils/portfolio_answers.py``), or, given a record with no
+notebook beside it, those the record holds.
 
 Every number in the README is the record's, printed by ``utils/portfolio_format.py``'s
-``num``. Bad input (no notebook, no or a malformed record, a record of another lab) is one
-line on stderr and exit status 2.
+``num``. Bad input (no notebook or record, a file that is neither, a record of no lab of this
+course or of another lab than the notebook's) is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -24,22 +25,11 @@ from pathlib import Path
 from utils import portfolio_answers as A
 from utils.env import repo_root
 from utils.portfolio_format import leaves, md_table, num, pairs
+from utils.portfolio_inputs import SIGNATURES, Inputs, PortfolioError, load, record_lab  # noqa: F401 (re-exported)
 from utils.portfolio_plots import KINDS, find_plots
 from utils.portfolio_sections import SECTIONS
 from utils.record import Record
 
-# Measurement names that only one lab's record holds (grader/phase<N>_records.py, save_record);
-# a name ending in "*" is a prefix.
-SIGNATURES = {
-    "00_foundations": ("tiny_ops_tflops", "elementwise_gbs", "train_tokens_per_s", "train_mfu", "thin_matmul_tflops"),
-    "01_single_gpu": ("baseline_tokens_per_s", "optimized_tokens_per_s", "speedup", "lora_peak_gib", "qlora_peak_gib",
-                      "naive_profile_step_ms"),
-    "02_multi_gpu": ("busbw_gbs", "scaling_efficiency", "exposed_comm_share"),
-    "03_inference_serving": ("kv_growth_bytes_per_step", "quant_*", "ttft_ms_*", "batch_*"),
-    "04_benchmarking_production": ("capacity_rps", "goodput_rps", "choice_goodput_rps"),
-    "05_hardware_and_cost": ("train_samples_per_s", "usd_per_sample", "usd_per_million_tokens",
-                             "right_sizing_usd_per_hour", "checkpoint_sync_save_ms", "jax_compile_ms", "resume_identical"),
-}
 # Extras that say what a measurement ran (its workload), beside anything under config/workload/sizes.
 WORKLOAD_KEYS = {
     "model", "preset", "engine", "dtype", "precision", "mixed_precision", "quant", "mode", "batch", "batch_size",
@@ -61,92 +51,6 @@ FINGERPRINT_ROWS = (
 )
 SMOKE_LINE = ("**Smoke record:** measured in smoke mode, on a CPU with the smoke sizes; these numbers show that "
               "the code runs, they are not GPU numbers.")
-
-
-class PortfolioError(Exception):
-    """Bad input, said in one line."""
-
-
-def _ids(nb: dict) -> set[str]:
-    return {g for c in nb.get("cells", []) if isinstance(c, dict) and (g := A.grade_id(c))}
-
-
-def notebook_lab(nb: dict, path: Path, notebooks_dir: Path | None = None) -> str:
-    """The lab whose released notebook (``notebooks/``) shares most of ``nb``'s cell ids; else
-    the lab the file name starts with."""
-    ids, best, best_n = _ids(nb), None, 0
-    folder = notebooks_dir or repo_root() / "notebooks"
-    for lab in SIGNATURES:
-        released = folder / f"{lab}.ipynb"
-        if ids and released.is_file():
-            try:
-                n = len(ids & _ids(A.load_notebook(released)))
-            except ValueError:
-                n = 0
-            if n > best_n:
-                best, best_n = lab, n
-    if best:
-        return best
-    for lab in SIGNATURES:
-        if path.stem.startswith(lab):
-            return lab
-    raise PortfolioError(f"{path} is no lab of this course: its cells match none of {', '.join(SIGNATURES)}")
-
-
-def record_lab(rec: Record) -> str | None:
-    """The lab whose measurement names the record holds most of; None if none."""
-    def hits(lab: str) -> int:
-        return sum(any(n == s or (s.endswith("*") and n.startswith(s[:-1])) for n in rec.measurements)
-                   for s in SIGNATURES[lab])
-    scores = {lab: hits(lab) for lab in SIGNATURES}
-    best = max(scores, key=scores.get)
-    return best if scores[best] else None
-
-
-def find_record(notebook: Path, lab: str) -> Path:
-    cands = [notebook.with_name(f"{lab}.record.json"), notebook.with_name(f"{lab}.smoke.record.json")]
-    for c in cands:
-        if c.is_file():
-            return c
-    raise PortfolioError(f"no measurement record beside {notebook} (looked for {cands[0].name} and {cands[1].name}): "
-                         "run the notebook to its last cell, or pass --record FILE")
-
-
-def load(notebook: Path, record: Path | None) -> tuple[dict, str, Record, Path]:
-    """The notebook, its lab, the record and the record's path, checked; PortfolioError otherwise."""
-    if not notebook.is_file():
-        raise PortfolioError(f"no notebook at {notebook}")
-    try:
-        nb = A.load_notebook(notebook)
-    except ValueError as exc:
-        raise PortfolioError(str(exc)) from None
-    except OSError as exc:
-        raise PortfolioError(f"cannot read {notebook}: {exc.strerror}") from None
-    lab = notebook_lab(nb, notebook)
-    path = record or find_record(notebook, lab)
-    if not path.is_file():
-        raise PortfolioError(f"no measurement record at {path}")
-    try:
-        rec = Record.load(path)
-    except (ValueError, TypeError, AttributeError) as exc:
-        msg = str(exc) if isinstance(exc, ValueError) else "its measurements are not a dict of measurements"
-        raise PortfolioError(msg if str(path) in msg else f"{path}: {msg}") from None
-    except OSError as exc:
-        raise PortfolioError(f"cannot read {path}: {exc.strerror}") from None
-    if not isinstance(rec.fingerprint, dict):
-        raise PortfolioError(f"{path} is malformed: its fingerprint is not a dict")
-    if not rec.measurements:
-        raise PortfolioError(f"{path} holds no measurements: run the notebook to its last cell")
-    bad = [k for k, m in rec.measurements.items() if not isinstance(m.extra, dict) or isinstance(m.value, bool)
-           or not isinstance(m.value, (int, float)) or not isinstance(m.unit, str)]
-    if bad:
-        raise PortfolioError(f"{path} is malformed: measurement {bad[0]!r} needs a number, a unit and a dict of extras")
-    theirs = record_lab(rec)
-    if theirs != lab:
-        what = f"a record of lab {theirs}" if theirs else "a record of no lab of this course"
-        raise PortfolioError(f"{path} is {what} (it holds {', '.join(sorted(rec.measurements)[:4])}), "
-                             f"but {notebook.name} is lab {lab}")
-    return nb, lab, rec, path
 
 
 def is_smoke(rec: Record, path: Path) -> bool:
@@ -186,7 +90,13 @@ def workload(extra: dict) -> str:
     return pairs(items) if items else "not in the record"
 
 
-def _title(nb: dict, lab: str) -> str:
+def _title(nb: dict | None, lab: str) -> str:
+    """The notebook's first ``# `` heading; without a notebook, the released one's (notebooks/)."""
+    if nb is None:
+        try:
+            nb = A.load_notebook(repo_root() / "notebooks" / f"{lab}.ipynb")
+        except (OSError, ValueError):
+            return lab
     for c in nb["cells"]:
         if c.get("cell_type") == "markdown":
             for line in A.source(c).splitlines():
@@ -204,7 +114,27 @@ def _fence(text: str) -> list[str]:
     return [fence + "python", *text.splitlines(), fence]
 
 
-def answers_section(nb: dict, lab: str, rec: Record) -> list[str]:
+def _as_recorded(name: str, extras: dict) -> str | None:
+    """``- `NAME` as the run recorded it: ...`` for the answer ``name``, if the record holds it."""
+    v = A.recorded(name, extras)
+    if isinstance(v, dict):
+        return f"- `{name}` as the run recorded it: " + pairs(v.items())
+    return None if v is None else f"- `{name}` as the run recorded it: {num(v)}"
+
+
+def recorded_answers_section(lab: str, rec: Record) -> list[str]:
+    """The answers without the notebook: the string answers the lab asks for
+    (``utils/portfolio_answers.py``'s ``STRING_ANSWERS``) as the record holds them."""
+    extras = {k: m.extra for k, m in rec.measurements.items()}
+    found = [line for n in A.STRING_ANSWERS.get(lab, ()) if (line := _as_recorded(n, extras))]
+    out = ["## My answers", "", "No notebook beside the record, so only the answers the record holds are shown "
+           "(give the notebook instead of the record to quote all of them).", ""]
+    return out + (found or ["The record holds none of this lab's answers."]) + [""]
+
+
+def answers_section(nb: dict | None, lab: str, rec: Record) -> list[str]:
+    if nb is None:
+        return recorded_answers_section(lab, rec)
     found = A.answers(nb, lab)
     extras = {k: m.extra for k, m in rec.measurements.items()}
     out = ["## My answers", ""]
@@ -216,12 +146,7 @@ def answers_section(nb: dict, lab: str, rec: Record) -> list[str]:
     for a in code:
         out += [f"### `{a.grade_id}`: {', '.join(f'`{n}`' for n in a.names)}", "", "As written:", "",
                 *_fence("\n".join(a.statements)), ""]
-        for n in a.names:
-            v = A.recorded(n, extras)
-            if isinstance(v, dict):
-                out.append(f"- `{n}` as the run recorded it: " + pairs(v.items()))
-            elif v is not None:
-                out.append(f"- `{n}` as the run recorded it: {num(v)}")
+        out += [line for n in a.names if (line := _as_recorded(n, extras))]
         if a.printed:
             out += ["", "The cell printed:", "", *_quote(a.printed)]
         out.append("")
@@ -232,14 +157,17 @@ def answers_section(nb: dict, lab: str, rec: Record) -> list[str]:
     return out
 
 
-def render(nb: dict, lab: str, rec: Record, record_path: Path, out_dir: Path, notebook_name: str) -> str:
+def render(inp: Inputs, out_dir: Path) -> str:
     """Write the plots into ``out_dir``; return the README's text."""
+    nb, lab, rec, record_path = inp.nb, inp.lab, inp.rec, inp.record_path
     fp, smoke = rec.fingerprint, is_smoke(rec, record_path)
     lines = [f"# {_title(nb, lab)}: my measurements", ""]
     if smoke:
         lines += [SMOKE_LINE, ""]
+    answers_from = (f"the answers those of the notebook `{inp.notebook.name}`" if inp.notebook is not None
+                    else "the answers those the record holds")
     lines += [f"Lab `{lab}` of the GPU Utilization Roadmap. The numbers are those of the measurement record "
-              f"`{record_path.name}` (`utils/record.py`), the answers those of the notebook `{notebook_name}`. "
+              f"`{record_path.name}` (`utils/record.py`), {answers_from}. "
               "Written by `python -m utils.portfolio`.", ""]
     lines += ["## The machine", ""]
     lines += md_table(["fingerprint", "value"],
@@ -288,9 +216,10 @@ def plots_section(rec: Record, out_dir: Path) -> list[str]:
     return out
 
 
-def build(notebook: Path, out_dir: Path, record: Path | None = None) -> Path:
-    """Check the input, write ``out_dir/README.md`` and its plots; return the README's path."""
-    nb, lab, rec, path = load(notebook, record)
+def build(path: Path, out_dir: Path, record: Path | None = None) -> Path:
+    """Check the input (a notebook, or a record; see :func:`load`), write ``out_dir/README.md``
+    and its plots; return the README's path."""
+    inp = load(Path(path), record)
     if "matplotlib.pyplot" not in sys.modules:  # headless, unless a notebook already chose a backend
         import matplotlib
 
@@ -300,17 +229,19 @@ def build(notebook: Path, out_dir: Path, record: Path | None = None) -> Path:
     except OSError as exc:
         raise PortfolioError(f"cannot write to {out_dir}: {exc.strerror}") from None
     readme = out_dir / "README.md"
-    readme.write_text(render(nb, lab, rec, path, out_dir, notebook.name))
+    readme.write_text(render(inp, out_dir))
     return readme
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m utils.portfolio", description="a lab's results as a README with "
                                  "plots, from its measurement record and the notebook's answers")
-    ap.add_argument("notebook", type=Path, help="the lab notebook (its answers are quoted)")
+    ap.add_argument("notebook", type=Path, metavar="NOTEBOOK_OR_RECORD",
+                    help="the lab notebook (its answers are quoted), or the measurement record a lab wrote "
+                    "(<assignment>.record.json; the notebook beside it, if any, gives the answers)")
     ap.add_argument("--out", type=Path, required=True, help="folder for README.md and the PNG plots")
-    ap.add_argument("--record", type=Path, help="the measurement record (default: <assignment>.record.json beside "
-                    "the notebook, else <assignment>.smoke.record.json)")
+    ap.add_argument("--record", type=Path, help="with a notebook, the measurement record (default: "
+                    "<assignment>.record.json beside the notebook, else <assignment>.smoke.record.json)")
     a = ap.parse_args(argv)
     try:
         readme = build(a.notebook, a.out, a.record)
