@@ -57,8 +57,9 @@ def grade_once(lab: str, notebook: Path, work: Path, wait_s: float) -> dict:
         rc, tail = None, [f"no result after {wait_s:.0f} s"]
     wall = time.monotonic() - t0
     res = json.loads(out.read_text()) if out.is_file() else {}
-    failed = {c["cell"]: c.get("message", "") for c in res.get("cells", []) if c.get("score") != c.get("points")}
-    passed = rc == 0 and bool(res.get("cells")) and res.get("score") == res.get("max_score")
+    failed = {c["cell"]: c.get("message", "") for c in res.get("cells", [])
+              if c.get("mode") != "manual" and c.get("score") != c.get("points")}  # written answers: the instructor's
+    passed = rc == 0 and bool(res.get("cells")) and res.get("score") == res.get("auto_max_score", res.get("max_score"))
     return {"passed": passed, "rc": rc, "wall_s": round(wall, 1), "score": res.get("score"),
             "max_score": res.get("max_score"), "status": res.get("status"), "timeout_s": res.get("timeout_s"),
             "timeout_why": res.get("timeout_why"), "failed_cells": failed, "tail": [] if passed else tail}

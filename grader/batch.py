@@ -41,7 +41,7 @@ from grader.submissions import MAX_FILE_MB, Submission, SubmissionError, file_pr
 
 CSV_COLUMNS = [  # nbgrader's CsvExportPlugin columns, in its order, then ours
     "assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
-    "raw_score", "late_submission_penalty", "score", "max_score", "status",
+    "raw_score", "late_submission_penalty", "score", "max_score", "status", "needs_manual_grade",
 ]
 RECORD_ENV = "GPULAB_SUBMITTED_RECORD"  # grader/checks.py reads the learner's record from here
 KEEP_ENV = "GPULAB_KEEP_GRADING_DIRS"  # set to 1 to keep the temporary course copies for debugging
@@ -52,7 +52,8 @@ def _zero(sub: Submission, assignment: str, max_score: float, status: str, cells
     return {
         "student_id": sub.student_id, "assignment": assignment, "score": 0.0, "max_score": max_score,
         "status": status, "notes": [], "timestamp": "", "duedate": None,
-        "cells": [dict(c, score=0.0, passed=False, mode="-", message="not graded") for c in cells],
+        "cells": [dict({k: v for k, v in c.items() if k != "manual"}, score=0.0, passed=False, needs_manual_grade=False,
+                       mode="manual" if c.get("manual") else "-", message="not graded") for c in cells],
     }
 
 
@@ -337,13 +338,16 @@ def _trust_master_points(r: dict, cell_list: list[dict], max_score: float) -> No
     write its own course copy's gradebook while it runs (lower a cell's maximum, say), so the
     worker's numbers are capped by these and the total is summed again."""
     points = {c["cell"]: c["points"] for c in cell_list}
-    r["cells"] = [c for c in r["cells"] if c["cell"] in points]
+    manual = {c["cell"] for c in cell_list if c.get("manual")}
+    r["cells"] = [c for c in r["cells"] if c["cell"] in points and (c.get("mode") == "manual") == (c["cell"] in manual)]
     for c in r["cells"]:
         c["points"] = points[c["cell"]]
-        c["score"] = min(max(float(c["score"]), 0.0), c["points"])
-        c["passed"] = c["points"] > 0 and c["score"] >= c["points"]
+        c["score"] = 0.0 if c["cell"] in manual else min(max(float(c["score"]), 0.0), c["points"])
+        c["passed"] = c["cell"] not in manual and c["points"] > 0 and c["score"] >= c["points"]
     r["score"] = sum(c["score"] for c in r["cells"])
     r["raw_score"], r["max_score"] = r["score"], max_score
+    r["auto_max_score"] = sum(c["points"] for c in cell_list if not c.get("manual"))
+    r["manual_points"] = C.manual_points(r["cells"])
 
 
 def _grade_cells(released: Path) -> list[dict]:
@@ -352,7 +356,15 @@ def _grade_cells(released: Path) -> list[dict]:
         md = c["metadata"].get("nbgrader", {})
         if md.get("grade") and c["cell_type"] == "code":
             cells.append({"cell": md["grade_id"], "points": float(md.get("points", 0))})
+        elif md.get("grade") and md.get("solution"):  # a written answer, graded by hand (grader/writeups.py)
+            cells.append({"cell": md["grade_id"], "points": float(md.get("points", 0)), "manual": True})
     return cells
+
+
+def manual_summary(r: dict) -> str:
+    """grades.csv's ``needs_manual_grade``: the written answers an instructor still grades, with points."""
+    return "; ".join(f"{c['cell']} ({c['points']:g} points)" for c in r.get("cells", [])
+                     if c.get("mode") == "manual" and c.get("needs_manual_grade"))
 
 
 def _progress(total: int, enabled: bool):
@@ -380,6 +392,7 @@ def _write_outputs(out: Path, work: Path, assignment: str, results: list[dict]) 
                 "student_id": r["student_id"], "last_name": "", "first_name": "", "email": "",
                 "raw_score": r.get("raw_score", r["score"]), "late_submission_penalty": r.get("late_submission_penalty", 0.0),
                 "score": r["score"], "max_score": r["max_score"], "status": r["status"],
+                "needs_manual_grade": manual_summary(r),
             })
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     for r in results:

@@ -388,6 +388,11 @@ def generate_feedback(root: Path, assignment: str, student: str) -> str:
     return _run(app)
 
 
+def manual_points(cells: list[dict]) -> float:
+    """Points of the written answers that wait for an instructor's grade (answered, not yet graded)."""
+    return sum(c["points"] for c in cells if c.get("mode") == "manual" and c.get("needs_manual_grade"))
+
+
 def read_grades(root: Path, assignment: str, student: str) -> dict:
     """Score, max score, timestamp and per-cell grades from the course copy's gradebook."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -409,6 +414,15 @@ def read_grades(root: Path, assignment: str, student: str) -> dict:
         for nb in sub.notebooks:
             for g in nb.grades:
                 if g.cell_type != "code":
+                    # a written answer (grader/writeups.py): the instructor's to grade, never scored here; its
+                    # note is the automatic check of the numbers it quotes
+                    try:
+                        note = gb.find_comment(g.name, nb.name, assignment, student).auto_comment or ""
+                    except MissingEntry:
+                        note = ""
+                    out["cells"].append({"cell": g.name, "points": float(g.max_score), "score": 0.0,
+                                         # unanswered (as released): nbgrader scores it 0 and needs no reader
+                                         "needs_manual_grade": g.auto_score is None, "mode": "manual", "message": note})
                     continue
                 out["cells"].append({
                     "cell": g.name,
@@ -420,4 +434,6 @@ def read_grades(root: Path, assignment: str, student: str) -> dict:
                 })
         out["cells"].sort(key=lambda c: order.get(c["cell"], 1e9))
         out["score"] = out["raw_score"] = sum(c["score"] for c in out["cells"])
+        out["auto_max_score"] = sum(c["points"] for c in out["cells"] if c.get("mode") != "manual")
+        out["manual_points"] = manual_points(out["cells"])
         return out

@@ -37,7 +37,7 @@ def _check(nb: Path, out: Path, name: str, env: dict, extra: list[str]) -> dict:
     print(proc.stdout, flush=True)
     res = json.loads((out / f"{name}.json").read_text()) if (out / f"{name}.json").is_file() else {}
     return {"exit": proc.returncode, "wall_s": round(wall_s, 1), "score": res.get("score"), "max_score": res.get("max_score"),
-            "status": res.get("status"), "cells": {c["cell"]: {"score": c["score"], "mode": c.get("mode"),
+            "auto_max_score": res.get("auto_max_score", res.get("max_score")), "status": res.get("status"), "cells": {c["cell"]: {"score": c["score"], "mode": c.get("mode"),
                                                               "message": c.get("message")} for c in res.get("cells", [])}}
 
 

@@ -21,3 +21,25 @@ c.OverwriteCells.add_missing_cells = True
 c.Execute.timeout = 60
 c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = True
+
+# Autograde as nbgrader does it, plus one step after SaveAutoGrades: each written answer (a
+# manually graded markdown cell) gets an automatic comment saying whether the numbers it quotes
+# are ones this run printed (grader/writeups.py); the formgrader shows it to the reviewer.
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the course root, for `nbgrader` run in grader/
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties,
+    CheckCellMetadata,
+    Execute,
+    IgnorePattern,
+    LimitOutput,
+    SaveAutoGrades,
+)
+
+from grader.writeups import QuotedNumbers  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+                                       QuotedNumbers, AssignLatePenalties, CheckCellMetadata]

@@ -62,7 +62,8 @@ def check_notebook(notebook: Path, *, assignment: str | None = None, record: Pat
     res["notebook"] = str(notebook)
     res["record"] = str(record) if record else None
     res["passed"] = res["status"] == "ok" or res["status"].startswith("graded;")
-    res["passed"] = bool(res["passed"] and res["cells"] and res["score"] >= res["max_score"])
+    auto_max = res.get("auto_max_score", res["max_score"])  # the written answers are the instructor's
+    res["passed"] = bool(res["passed"] and res["cells"] and res["score"] >= auto_max)
     return res
 
 
@@ -70,13 +71,17 @@ def format_table(res: dict) -> str:
     """The per-cell table printed by ``check``."""
     rows = [("cell", "points", "score", "passed", "graded", "note")]
     for c in res["cells"]:
-        rows.append((c["cell"], f"{c['points']:g}", f"{c['score']:g}", "yes" if c.get("passed") else "NO",
-                     c.get("mode", "-"), c.get("message", "")))
+        manual = c.get("mode") == "manual"
+        rows.append((c["cell"], f"{c['points']:g}", "-" if manual else f"{c['score']:g}",
+                     "instructor" if manual else "yes" if c.get("passed") else "NO", c.get("mode", "-"), c.get("message", "")))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r[:5], widths, strict=True)) + ("  " + r[5] if r[5] else "") for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(f"score {res['score']:g} / {res['max_score']:g}    status: {res['status']}")
+    if res.get("manual_points"):
+        lines.append(f"automatic score {res['score']:g} / {res['auto_max_score']:g}, partial: {res['manual_points']:g} points "
+                     "of written answers await a manual grade (the note beside each is the check of the numbers it quotes)")
     if res.get("timeout_why"):
         lines.append(f"per-cell time limit: {res['timeout_why']}")
     for note in res.get("notes", []):

@@ -88,6 +88,9 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
     grades = C.read_grades(course, assignment, student)
     reports = cell_reports(C.autograded_path(course, assignment, student), timeout_why)
     for cell in grades["cells"]:
+        if cell.get("mode") == "manual":  # a written answer: the instructor's, with the quoted-number note
+            cell["passed"] = False
+            continue
         rep = reports.get(cell["cell"], {"mode": "-", "message": "not run" if result["status"] != "ok" else ""})
         cell.update(rep)
         cell["passed"] = cell["score"] >= cell["points"] and cell["points"] > 0

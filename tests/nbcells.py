@@ -26,8 +26,15 @@ def cell(nb: dict, grade_id: str) -> dict:
 
 
 def points(nb: dict) -> dict[str, float]:
-    """``{grade_id: points}`` of the notebook's graded cells."""
-    return {gid(c): c["metadata"]["nbgrader"]["points"] for c in nb["cells"] if c["metadata"]["nbgrader"].get("grade")}
+    """``{grade_id: points}`` of the notebook's automatically graded cells (the test cells)."""
+    return {gid(c): c["metadata"]["nbgrader"]["points"] for c in nb["cells"]
+            if c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
+
+
+def writeup_points(nb: dict) -> dict[str, float]:
+    """``{grade_id: points}`` of the notebook's written answers (manually graded markdown cells)."""
+    return {gid(c): c["metadata"]["nbgrader"]["points"] for c in nb["cells"]
+            if c["metadata"].get("nbgrader", {}).get("grade") and c["cell_type"] == "markdown"}
 
 
 def leaked_lines(source: dict, released: dict) -> list[str]:
@@ -77,8 +84,9 @@ def check_each(root: Path, subs: dict[str, dict], tmp: Path, *args: str, wait_s:
 
 
 def scores(result: dict) -> dict[str, float]:
-    """``{cell: score}`` of one graded notebook's result."""
-    return {c["cell"]: c["score"] for c in result["cells"]}
+    """``{cell: score}`` of one graded notebook's automatically graded cells (the written answers,
+    ``mode`` "manual", are the instructor's)."""
+    return {c["cell"]: c["score"] for c in result["cells"] if c.get("mode") != "manual"}
 
 
 def messages(result: dict) -> str:

@@ -491,8 +491,8 @@ def test_the_table_check_finds_a_missing_row_wrong_points_and_a_test_that_does_n
 def test_the_table_check_holds_manual_cells_to_their_own_rule():
     """A manually graded cell (nbgrader ``solution`` and ``grade``) needs a row saying
     "manual (rubric)" and names its number check's test or "manual"; an automatic cell may not
-    say "manual (rubric)" and must name a test. Checked on a made-up lab, so the rule holds
-    before any source notebook has a write-up cell."""
+    say "manual (rubric)" and must name a test. Checked on a made-up lab, whose wrong rows the
+    real labs' table cannot hold."""
     def graded(cid, points, manual):
         return {"cell_type": "markdown", "source": "", "metadata": {"nbgrader": {
             "grade": True, "solution": manual, "grade_id": cid, "points": points}}}

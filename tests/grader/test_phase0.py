@@ -49,6 +49,10 @@ def _load(path: Path) -> dict:
 
 
 
+def _cells(r: dict) -> dict:
+    return {c["cell"]: c for c in r["cells"]}
+
+
 def answered() -> dict:
     """The released notebook with the reference answers typed into its answer cells."""
     from grader.release import reference_submission
@@ -159,6 +163,8 @@ def batch(tmp_path_factory):
     _cell(hostile, "test_matmul")["source"] = "pass  # tests edited away"
     _cell(hostile, "test_bound")["source"] = "assert True"
     prepend(hostile, "device", "raise RuntimeError('edited locked cell')")
+    # a written answer quoting an MFU the run did not print: the reviewer's note names it
+    _cell(hostile, "limiter_writeup")["source"] = "Overhead-bound: MFU was 97.5% of the fp32 peak."
     put("hostile", hostile)
 
     perf = answered()
@@ -226,15 +232,20 @@ def batch(tmp_path_factory):
 def test_reference_scores_full_marks(batch):
     r = batch["results"]["reference"]
     assert r["status"] == "ok"
-    assert r["max_score"] == 15 and r["score"] == r["max_score"], _messages(r)
+    assert r["max_score"] == 17 and r["score"] == r["auto_max_score"] == 15, _messages(r)
     assert all(c["mode"] == "measured live" for c in r["cells"] if c["cell"] in MEASURED)
     assert len(r["cells"]) >= 6
+    (w,) = [c for c in r["cells"] if c["cell"] == "limiter_writeup"]  # the written answer: the instructor's
+    assert w["mode"] == "manual" and w["needs_manual_grade"] and w["score"] == 0 and w["points"] == 2
+    assert w["message"].startswith("Quoted numbers:"), w
+    assert r["manual_points"] == 2 and batch["rows"]["reference"]["needs_manual_grade"] == "limiter_writeup (2 points)"
 
 
 def test_release_scores_zero(batch):
     r = batch["results"]["release"]
     assert r["status"] == "ok" and r["score"] == 0
     assert all(c["score"] == 0 for c in r["cells"])
+    assert _cells(r)["limiter_writeup"]["message"] == "No response: the answer cell is as released."
 
 
 def test_hostile_but_correct_submission_keeps_full_marks(batch):
@@ -242,7 +253,9 @@ def test_hostile_but_correct_submission_keeps_full_marks(batch):
     # test and locked cells: the loop times out, the edits are undone, nothing costs points
     r = batch["results"]["hostile"]
     assert r["status"] == "ok"
-    assert r["score"] == r["max_score"], _messages(r)
+    assert r["score"] == r["auto_max_score"], _messages(r)
+    note = _cells(r)["limiter_writeup"]["message"]
+    assert "not found among them: 97.5%" in note, note
     nb = json.loads((batch["out"] / "autograded" / "hostile" / "00_foundations.ipynb").read_text())
     loop = next(c for c in nb["cells"] if c.get("id") == "loop")
     assert any(o.get("ename") == "CellTimeoutError" for o in loop["outputs"])
@@ -284,7 +297,7 @@ def test_deleted_cells_are_restored_with_a_status_line(batch):
     r = batch["results"]["deleted_cells"]
     assert r["status"].startswith("graded; restored 3 deleted cell(s)"), r["status"]
     assert {"intro", "device", "test_bound"} <= set(re.findall(r"[\w]+", r["status"]))
-    assert r["score"] == r["max_score"], _messages(r)
+    assert r["score"] == r["auto_max_score"], _messages(r)
 
 
 def test_unreadable_notebooks_get_a_status_and_the_batch_goes_on(batch):
@@ -303,7 +316,7 @@ def test_a_dead_kernel_does_not_pass(batch):
 
 def test_gpu_record_is_graded_from_record_on_a_cpu_grader(batch):
     r = batch["results"]["gpu_record"]
-    assert r["score"] == r["max_score"], _messages(r)
+    assert r["score"] == r["auto_max_score"], _messages(r)
     assert all(c["mode"] == "graded from record" for c in r["cells"] if c["cell"] in MEASURED)
     html = (batch["out"] / "feedback" / "gpu_record" / "00_foundations.html").read_text()
     assert "graded from record" in html and "no GPU" in html
@@ -322,7 +335,7 @@ def test_a_wrong_placement_loses_the_roofline_cell_only(batch, roof, kernel, whi
     r = batch["results"][f"misplaced_{roof}_{kernel}"]
     scores = _scores(r)
     assert scores["test_roofline"] == 0, _messages(r)
-    assert r["score"] == r["max_score"] - 2, _messages(r)
+    assert r["score"] == r["auto_max_score"] - 2, _messages(r)
     assert f"placements[{roof!r}][{kernel!r}]" in _messages(r)
 
 
@@ -350,7 +363,8 @@ def test_check_command_on_reference_and_release(tmp_path):
     assert procs["ref"].returncode == 0, outs["ref"]
     assert procs["rel"].returncode == 1, outs["rel"]
     res = json.loads((tmp_path / "ref.json").read_text())
-    assert res["score"] == res["max_score"] == 15 and {"score", "max_score", "cells"} <= set(res)
+    assert res["score"] == res["auto_max_score"] == 15 and res["max_score"] == 17, res
+    assert "2 points of written answers await a manual grade" in outs["ref"][0]
     assert "measured live" in outs["ref"][0] and "test_matmul" in outs["ref"][0]
     assert json.loads((tmp_path / "rel.json").read_text())["score"] == 0
 
@@ -394,7 +408,7 @@ def test_release_check_cli_passes_on_the_repository():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_every_source_cell_but_the_learners_sentence_has_an_nbgrader_id():
-    # restoring deleted cells matches them by grade_id; the one free cell is the learner's answer in words
-    unmarked = [c for c in _load(SOURCE)["cells"] if _gid(c) is None]
-    assert [(c["cell_type"], c["id"]) for c in unmarked] == [("markdown", "limiter_words")]
+def test_every_source_cell_has_an_nbgrader_id():
+    # restoring deleted cells matches them by grade_id; the answer in words is a graded cell too
+    assert [c["id"] for c in _load(SOURCE)["cells"] if _gid(c) is None] == []
+    assert _gid(_cell(_load(SOURCE), "limiter_writeup")) == "limiter_writeup"

@@ -56,7 +56,7 @@ def test_reference_scores_full_marks_measured_live(batch):
     r = batch["results"]["reference"]
     assert r["status"] == "ok"
     assert _scores(r) == POINTS, _messages(r)
-    assert r["score"] == r["max_score"] == sum(POINTS.values())
+    assert r["score"] == r["auto_max_score"] == sum(POINTS.values()) and r["max_score"] == r["auto_max_score"] + 2
     modes = {c["cell"]: c["mode"] for c in r["cells"]}
     assert all(modes[c] == "measured live" for c in MEASURED), modes
     html = (batch["out"] / "feedback" / "reference" / f"{ASSIGNMENT}.html").read_text()
@@ -68,7 +68,7 @@ def test_release_scores_zero(batch):
     r = batch["results"]["release"]
     assert r["status"] == "ok" and r["score"] == 0
     assert all(c["score"] == 0 for c in r["cells"])
-    assert float(batch["rows"]["reference"]["max_score"]) == sum(POINTS.values())
+    assert float(batch["rows"]["reference"]["max_score"]) == sum(POINTS.values()) + 2  # + the written answer
 
 
 # -- the checks, called directly --------------------------------------------------------------------

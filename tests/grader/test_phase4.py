@@ -57,7 +57,7 @@ def test_reference_scores_full_marks_measured_live(graded_reference):
 
 def test_release_scores_zero(graded):
     rc, _, res = graded["rel"]
-    assert rc == 1 and res["score"] == 0 and len(res["cells"]) == len(POINTS)
+    assert rc == 1 and res["score"] == 0 and len(res["cells"]) == len(POINTS) + 1  # + the written answer
 
 
 def test_release_is_current_and_leaks_nothing():

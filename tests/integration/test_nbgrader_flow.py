@@ -1,15 +1,19 @@
 """nbgrader's own instructor flow on the course root (grader/ with its nbgrader_config.py), as an
 nbgrader user runs it: generate_assignment, autograde, generate_feedback and export, each as its
-own command. The reference answers score full marks, the untouched release 0, and the export is
-nbgrader's CSV, the one learning-management systems import."""
+own command. The reference answers score full automatic marks, the untouched release 0, the
+export is nbgrader's CSV, the one learning-management systems import, and the formgrader, served
+for real, lists the written answer for a manual grade with its number check."""
 from __future__ import annotations
 
 import csv
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -58,5 +62,54 @@ def test_nbgrader_commands_on_the_course_root(tmp_path):
     graded = json.loads((course / "autograded" / "ana" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
     errors = [f"{c['metadata'].get('nbgrader', {}).get('grade_id')}: {o['ename']}: {o['evalue'][:300]}"
               for c in graded["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert float(rows["ana"]["score"]) == float(rows["ana"]["max_score"]) == 15, errors
+    # 15 automatic points of 17: the written answer (2 points) waits for the instructor
+    assert float(rows["ana"]["score"]) == 15 and float(rows["ana"]["max_score"]) == 17, errors
     assert float(rows["bo"]["score"]) == 0
+    _formgrader_sees_the_written_answer(course)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _formgrader_sees_the_written_answer(course: Path) -> None:
+    """nbgrader's formgrader, served by a real Jupyter server on the course root, asked what its
+    "Manual Grading" pages ask: the answered submission needs a manual grade, for the written
+    answer only, whose comment is the number check; the untouched release scores 0 there without
+    one ("No response"); the grading page of the answered one renders the write-up."""
+    port, token = _free_port(), "formgrader-test"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JUPYTER_RUNTIME_DIR": str(course / ".runtime")}
+    server = subprocess.Popen([sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
+                               "--ServerApp.ip=127.0.0.1", "--allow-root", f"--IdentityProvider.token={token}",
+                               f"--ServerApp.root_dir={course}"], cwd=course, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base, head = f"http://127.0.0.1:{port}/formgrader", {"Authorization": f"token {token}"}
+
+    def get(path: str) -> str:
+        with urllib.request.urlopen(urllib.request.Request(base + path, headers=head), timeout=60) as r:
+            return r.read().decode()
+
+    try:
+        for _ in range(120):  # the server's start-up, seconds on a busy machine
+            try:
+                subs = {s["student"]: s for s in json.loads(get(f"/api/submitted_notebooks/{ASSIGNMENT}/{ASSIGNMENT}"))}
+                break
+            except OSError:
+                assert server.poll() is None, f"jupyter_server exited: {server.stderr.read()[-2000:]}"
+                time.sleep(1)
+        else:
+            raise AssertionError("the formgrader did not answer in 120 s")
+        assert subs["ana"]["needs_manual_grade"] and not subs["bo"]["needs_manual_grade"], subs
+        for student, starts in (("ana", "Quoted numbers:"), ("bo", "No response")):
+            sid = subs[student]["id"]
+            pending = [g["name"] for g in json.loads(get(f"/api/grades?submission_id={sid}")) if g["needs_manual_grade"]]
+            notes = {c["name"]: c["auto_comment"] for c in json.loads(get(f"/api/comments?submission_id={sid}"))}
+            assert pending == (["limiter_writeup"] if student == "ana" else []), (student, pending)
+            assert (notes["limiter_writeup"] or "").startswith(starts), (student, notes)
+        page = get(f"/submissions/{subs['ana']['id']}/")
+        assert "limiter_writeup" in page and "The printed line decides it" in page
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
