@@ -1,4 +1,4 @@
-"""The grader's command line: ``python -m grader {release,check,autograde} ...``.
+"""The grader's command line: ``python -m grader {release,check,autograde,merge,gradebook,report} ...``.
 
 A thin argparse layer over functions the tests call too (release.release,
 selfcheck.check_notebook, batch.grade_batch). Errors a user can fix are one line on stderr
@@ -111,6 +111,18 @@ def _cmd_merge(a) -> int:
     return 0
 
 
+def _cmd_gradebook(a) -> int:
+    from grader.formgrade import load_class
+
+    s = load_class(a.out, a.course)
+    print(f"loaded {len(s['loaded'])} graded submissions of {s['assignment']} into {a.course / 'gradebook.db'}"
+          + (f"; skipped {len(s['skipped'])} not graded" if s["skipped"] else ""))
+    for sid, why in s["skipped"].items():
+        print(f"  {sid}: {why}")
+    print(f"grade the written answers: cd {a.course} && nbgrader formgrader; then nbgrader export")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from grader import SOURCE_DIR
 
@@ -165,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--out", type=Path, required=True, help="where the merged grades.csv, results.json, feedback/ go")
     m.set_defaults(fn=_cmd_merge)
 
+    gb = sub.add_parser("gradebook", help="load a graded class (autograde or merge --out) into nbgrader's gradebook "
+                                          "for the formgrader")
+    gb.add_argument("out", type=Path, help="the --out folder of autograde or merge")
+    gb.add_argument("--course", type=Path, default=None, help="the nbgrader course root (default: this repository's grader/)")
+    gb.set_defaults(fn=_cmd_gradebook)
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["report"]:  # its own parser: argparse's REMAINDER drops a leading --help
         return _cmd_report(argparse.Namespace(args=argv[1:]))
@@ -180,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     from grader.shard import ShardError
     from grader.submissions import SubmissionError
 
+    if getattr(a, "cmd", None) == "gradebook" and a.course is None:
+        from grader import COURSE_ROOT
+
+        a.course = COURSE_ROOT
     try:
         return a.fn(a)
     except (CourseError, SubmissionError, ShardError, GpuPlanError) as exc:
