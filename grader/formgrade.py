@@ -4,7 +4,7 @@
 submission in a temporary course copy of its own, so its gradebooks are gone when it ends; what
 stays is ``OUT/results.json`` and ``OUT/autograded/<student>/<assignment>.ipynb``. The written
 answers (grader/writeups.py) still need an instructor, and nbgrader's formgrader reads only the
-course root's gradebook (``grader/gradebook.db``) and its ``autograded/<student>/<assignment>/``
+course root's gradebook (``gradebook.db`` in ``grader/``) and its ``autograded/<student>/<assignment>/``
 folders. This module writes both from ``OUT``, through nbgrader's own ``Gradebook`` API
 (nbgrader/api.py): the assignment (nbgrader's ``generate_assignment`` on the course root, when the
 gradebook lacks it), each student and submission (``add_submission`` makes a grade per graded
