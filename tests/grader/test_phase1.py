@@ -64,7 +64,8 @@ def test_reference_scores_full_marks(graded_reference):
     rc, out, res = g["rc"], g["out"] + g["err"], g["result"]
     assert rc == 0, out
     assert res["score"] == res["auto_max_score"] == MAX and res["max_score"] == MAX + 2
-    assert all(c["mode"] == "measured live" for c in res["cells"] if c["cell"] != "test_rates")
+    assert all(c["mode"] == "measured live" for c in res["cells"] if c["cell"] not in ("test_rates", "report_writeup"))
+    assert [c["mode"] for c in res["cells"] if c["cell"] == "report_writeup"] == ["manual"]
     assert len(res["cells"]) >= 6
 
 
