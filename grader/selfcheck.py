@@ -17,28 +17,22 @@ from grader import SOURCE_DIR
 from grader import course as C
 from grader.batch import grade_batch
 from grader.submissions import Submission, record_name
+from utils.notebook_lab import grade_ids, lab_of
 
 
 def guess_assignment(notebook: Path, source_dir: Path = SOURCE_DIR) -> str:
-    """The assignment whose graded cell ids the notebook shares most; else its file name."""
+    """The assignment whose graded cell ids the notebook shares most; else its file name
+    (:func:`utils.notebook_lab.lab_of`)."""
     names = C.assignments(source_dir)
     try:
-        cells = json.loads(notebook.read_text(encoding="utf-8")).get("cells", [])
-        ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells if isinstance(c, dict)} - {None}
-    except (OSError, ValueError, AttributeError):
+        ids = grade_ids(json.loads(notebook.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
         ids = set()
-    best, best_n = None, 0
-    for a in names:
-        src = json.loads((source_dir / a / f"{a}.ipynb").read_text())["cells"]
-        n = len(ids & {c["metadata"].get("nbgrader", {}).get("grade_id") for c in src})
-        if n > best_n:
-            best, best_n = a, n
-    if best:
-        return best
-    for a in names:
-        if notebook.stem.startswith(a):
-            return a
-    raise C.CourseError(f"{notebook.name} matches no assignment in {source_dir} (known: {', '.join(names)}); pass --assignment")
+    found = lab_of(ids, {a: source_dir / a / f"{a}.ipynb" for a in names}, notebook.stem)
+    if found is None:
+        raise C.CourseError(f"{notebook.name} matches no assignment in {source_dir} (known: {', '.join(names)}); "
+                            "pass --assignment")
+    return found
 
 
 def check_notebook(notebook: Path, *, assignment: str | None = None, record: Path | None = None,

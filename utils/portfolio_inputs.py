@@ -17,6 +17,7 @@ from pathlib import Path
 
 from utils import portfolio_answers as A
 from utils.env import repo_root
+from utils.notebook_lab import grade_ids, lab_of
 from utils.record import Record
 
 # Measurement names that only one lab's record holds (grader/phase<N>_records.py, save_record);
@@ -37,30 +38,14 @@ class PortfolioError(Exception):
     """Bad input, said in one line."""
 
 
-def _ids(nb: dict) -> set[str]:
-    return {g for c in nb.get("cells", []) if isinstance(c, dict) and (g := A.grade_id(c))}
-
-
 def notebook_lab(nb: dict, path: Path, notebooks_dir: Path | None = None) -> str:
     """The lab whose released notebook (``notebooks/``) shares most of ``nb``'s cell ids; else
-    the lab the file name starts with."""
-    ids, best, best_n = _ids(nb), None, 0
+    the lab the file name starts with (:func:`utils.notebook_lab.lab_of`)."""
     folder = notebooks_dir or repo_root() / "notebooks"
-    for lab in SIGNATURES:
-        released = folder / f"{lab}.ipynb"
-        if ids and released.is_file():
-            try:
-                n = len(ids & _ids(A.load_notebook(released)))
-            except ValueError:
-                n = 0
-            if n > best_n:
-                best, best_n = lab, n
-    if best:
-        return best
-    for lab in SIGNATURES:
-        if path.stem.startswith(lab):
-            return lab
-    raise PortfolioError(f"{path} is no lab of this course: its cells match none of {', '.join(SIGNATURES)}")
+    lab = lab_of(grade_ids(nb), {lab: folder / f"{lab}.ipynb" for lab in SIGNATURES}, path.stem)
+    if lab is None:
+        raise PortfolioError(f"{path} is no lab of this course: its cells match none of {', '.join(SIGNATURES)}")
+    return lab
 
 
 def record_lab(rec: Record) -> str | None:
