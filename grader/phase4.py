@@ -243,12 +243,10 @@ def measure_synchronous(workload, requests: int = SYNC_REQUESTS) -> dict:
         return loadgen.run(w, progress=False, label="grader, synchronous")
 
 
-def _overloaded(workload, operating, g: list[float], e: list[float]) -> None:
-    """The grader's runs at the operating rate did not keep up (a run with no request in time, or
-    none finished): the engine was slower than when the learner measured, and queued. Its latency
-    and goodput then say nothing about the learner's, so :class:`checks.Unusable`; but first the
-    learner's TPOT is checked against the engine's own speed, one request at a time, which a loaded
-    CPU slows by a bounded factor only (a made-up fast run fails here)."""
+def _not_faster_than_the_engine(workload, operating) -> float:
+    """The learner's operating run's TPOT p50 against the engine's own speed, one request at a
+    time, which a loaded CPU slows by a bounded factor only: a made-up fast run fails here.
+    Returns the grader's TPOT p50 (ms)."""
     sync = records.run_stat(measure_synchronous(workload), "tpot", "p50")
     yours = checks.as_number(records.run_stat(operating, "tpot", "p50"), "operating's TPOT p50")
     ref = checks.usable(sync, "TPOT p50 one request at a time", "ms")
@@ -258,9 +256,35 @@ def _overloaded(workload, operating, g: list[float], e: list[float]) -> None:
     if yours < lowest:
         raise AssertionError(f"operating's TPOT p50 = {yours:.4g} ms, but the grader re-measured {ref:.4g} ms for one "
                              f"request at a time in this run; at least {lowest:.4g} ms accepted: faster than the engine")
+    return ref
+
+
+def _overloaded(workload, operating, g: list[float], e: list[float]) -> None:
+    """The grader's runs at the operating rate did not keep up (a run with no request in time, or
+    none finished): the engine was slower than when the learner measured, and queued. Its latency
+    and goodput then say nothing about the learner's, so :class:`checks.Unusable`; but first the
+    learner's TPOT is checked (:func:`_not_faster_than_the_engine`)."""
+    _not_faster_than_the_engine(workload, operating)
     raise checks.Unusable(f"the grader's own runs at your operating rate did not keep up (goodput "
                           f"{', '.join(f'{x:.4g}' for x in g)} req/s, p95 {', '.join(f'{x:.4g}' for x in e)} ms): "
                           "the engine queued, so their goodput and p95 cannot be compared with yours")
+
+
+def _you_queued(workload, operating) -> None:
+    """The learner's own run at the operating rate had no request within every SLO. Graded live,
+    that run was measured in this very execution, on the grading machine: a goodput of 0 is that
+    machine's load at that moment (the engine queued), never a wrong answer, and a made-up zero
+    gains nothing. So nothing is compared but the run's TPOT (:func:`_not_faster_than_the_engine`),
+    and the feedback says what the zero means."""
+    if records.run_stat(operating, "tpot", "p50") is not None:  # None: not one request finished, nothing to time
+        _not_faster_than_the_engine(workload, operating)
+    slo = (operating.get("goodput") or {}).get("slo_ms") or {}
+    p95 = {k: (operating.get(f"{k}_ms") or {}).get("p95") for k in slo}
+    missed = ", ".join(f"{k.upper()} p95 {p95[k]:.4g} ms against {slo[k]:.4g} ms" for k in slo
+                       if p95.get(k) is not None and p95[k] > slo[k])
+    checks.say(f"  no request of your operating run met every SLO ({missed or 'none finished'}): the engine queued "
+               "while it ran, so the machine was busier than during your sweep. Not compared, so not counted against "
+               "you; on a quieter machine, run the sweep and the operating run again for a rate that holds")
 
 
 def check_goodput(server, workload, operating_rate, operating, goodput_rps, p95_e2el_ms) -> None:
@@ -278,7 +302,14 @@ def check_goodput(server, workload, operating_rate, operating, goodput_rps, p95_
                              f"started ({server.base_url}): start from server.workload_fields()")
     records.operating_run_ok(operating, desc, operating_rate)
     checks.assert_close(goodput_rps, operating["goodput"]["request_goodput"], "goodput_rps (operating['goodput'])", rel=1e-9)
+    if operating["e2el_ms"]["p95"] is None:  # not one request finished
+        if p95_e2el_ms is not None:
+            raise AssertionError(f"p95_e2el_ms = {p95_e2el_ms!r:.40}, but no request of operating finished "
+                                 "(its e2el_ms p95 is None): take operating['e2el_ms']['p95']")
+        return _you_queued(workload, operating)
     checks.assert_close(p95_e2el_ms, operating["e2el_ms"]["p95"], "p95_e2el_ms (operating['e2el_ms']['p95'])", rel=1e-9)
+    if goodput_rps == 0:
+        return _you_queued(workload, operating)
     goodput = checks.assert_positive(goodput_rps, "goodput_rps")
     p95 = checks.assert_positive(p95_e2el_ms, "p95_e2el_ms")
 

@@ -424,6 +424,43 @@ def test_a_made_up_fast_run_fails_even_when_the_grader_cannot_keep_up(phase4, mo
         check()
 
 
+def test_a_learner_goodput_of_zero_is_the_grading_machine_not_the_learner(phase4, monkeypatch, capsys):
+    # what CI saw beside a busy core: the notebook's own run at the operating rate had no request in
+    # its SLOs (goodput 0), measured in the very execution being graded
+    p4 = phase4()
+    check = _goodput_without_an_engine(p4, monkeypatch, [(20.0, 280.0)] * 3, loaded=True)
+    grader_runs = p4.measure_operating
+    monkeypatch.setattr(p4, "measure_operating", lambda w, rate: pytest.fail("nothing to compare a zero with"))
+    zero = {"goodput": {"request_goodput": 0.0, "slo_ms": {"ttft": 50.0, "e2el": 400.0}},
+            "ttft_ms": {"p95": 900.0}, "e2el_ms": {"p95": 2500.0}, "tpot_ms": {"p50": 6.0}}
+    p4.check_goodput(SimpleNamespace(base_url="http://127.0.0.1:1", model="m"), None, 8.0, zero, 0.0, 2500.0)
+    out = capsys.readouterr().out
+    assert "TTFT p95 900 ms against 50 ms, E2EL p95 2500 ms against 400 ms" in out, out
+    assert "not counted against you" in out and "grader 5 ms, your operating run's 6 ms" in out, out
+    # a made-up zero with an impossible TPOT still fails, and the number must be the run's own
+    with pytest.raises(AssertionError, match="operating's TPOT p50 = 0.1 ms"):
+        p4.check_goodput(SimpleNamespace(base_url="http://127.0.0.1:1", model="m"), None, 8.0,
+                         dict(zero, tpot_ms={"p50": 0.1}), 0.0, 2500.0)
+    with pytest.raises(AssertionError, match=r"goodput_rps \(operating\['goodput'\]\) = 0, expected 22.47"):
+        p4.check_goodput(SimpleNamespace(base_url="http://127.0.0.1:1", model="m"), None, 8.0,
+                         dict(zero, goodput={"request_goodput": 22.47}), 0.0, 2500.0)  # not the run's own number
+    monkeypatch.setattr(p4, "measure_operating", grader_runs)
+    check()  # and an honest non-zero goodput is still compared with the grader's runs
+    with pytest.raises(AssertionError, match=r"goodput_rps .* must be a number"):
+        p4.check_goodput(SimpleNamespace(base_url="http://127.0.0.1:1", model="m"), None, 8.0, zero, "0", 2500.0)
+
+
+def test_a_learner_run_where_no_request_finished_passes_with_its_reason(phase4, monkeypatch, capsys):
+    p4 = phase4()
+    _goodput_without_an_engine(p4, monkeypatch, [(20.0, 280.0)] * 3, loaded=True)
+    none = {"goodput": {"request_goodput": 0.0, "slo_ms": {"e2el": 400.0}}, "e2el_ms": {"p95": None},
+            "tpot_ms": {"p50": None}}
+    p4.check_goodput(SimpleNamespace(base_url="http://127.0.0.1:1", model="m"), None, 8.0, none, 0.0, None)
+    assert "(none finished)" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="p95_e2el_ms"):
+        p4.check_goodput(SimpleNamespace(base_url="http://127.0.0.1:1", model="m"), None, 8.0, none, 0.0, 300.0)
+
+
 def test_ten_times_the_grader_goodput_fails_loaded_or_not(phase4, monkeypatch, capsys):
     for loaded in (False, True):
         check = _goodput_without_an_engine(phase4(), monkeypatch, [(20.0, 280.0), (21.0, 300.0), (22.0, 310.0)], loaded)
