@@ -274,6 +274,26 @@ def command(install: EngineInstall, model_dir: Path, dtype: str, max_position_em
     return cmd, env
 
 
+def cpu_fp8_kv_cache_absent() -> str | None:
+    """Why vLLM's CPU build cannot keep an fp8 KV cache on this CPU, or None when it can. Its CPU
+    attention backend needs x86 with AVX-512 or AMX for one, and tests both with torch's own
+    probes (``_get_attn_isa`` in ``vllm/v1/attention/backends/cpu_attn.py``, vLLM 0.32); without
+    them the engine exits at start-up with "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"."""
+    import torch
+
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_supported", "_is_amx_tile_supported")]
+    if any(p is None for p in probes):  # an older torch: the kernel's CPU flags say the same
+        try:
+            flags = set(Path("/proc/cpuinfo").read_text().split())
+        except OSError:
+            flags = set()
+        ok = bool(flags & {"avx512f", "amx_tile"})
+    else:
+        ok = any(p() for p in probes)
+    return None if ok else ("vLLM's CPU build keeps an fp8 KV cache only on x86 with AVX-512 or AMX, which this "
+                            "CPU lacks (vllm/v1/attention/backends/cpu_attn.py)")
+
+
 def check_options(engine: str, opts: EngineOptions, device: str) -> None:
     """One-line :class:`EngineError` for options the engine or the device cannot take."""
     if opts.quantization is not None:
@@ -289,6 +309,10 @@ def check_options(engine: str, opts: EngineOptions, device: str) -> None:
     if opts.kv_cache_dtype is not None and opts.kv_cache_dtype not in KV_CACHE_DTYPES[engine]:
         allowed = ", ".join(KV_CACHE_DTYPES[engine]) or "none (it keeps the model's dtype)"
         raise EngineError(f"{engine} kv_cache_dtype must be one of {allowed}, got {opts.kv_cache_dtype!r}")
+    if engine == "vllm" and device == "cpu" and opts.kv_cache_dtype is not None:
+        why = cpu_fp8_kv_cache_absent()
+        if why:
+            raise EngineError(f"kv_cache_dtype {opts.kv_cache_dtype!r} cannot run here: {why}")
     if not 0 < opts.gpu_memory_fraction <= 1:
         raise EngineError(f"gpu_memory_fraction must be in (0, 1], got {opts.gpu_memory_fraction}")
     if opts.block_size is not None and opts.block_size < 1:

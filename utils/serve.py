@@ -22,7 +22,7 @@ when logits are processed, as here, else 90% (``generation/continuous_batching/c
 ``--quantization bnb-4bit|bnb-8bit`` quantizes on load with bitsandbytes (GPU only). Flags
 checked against transformers 5.17 and 5.24 (``transformers/cli/serve.py``,
 ``cli/serving/model_manager.py``). vLLM's GPU build on a CUDA GPU (``--quantization fp8``,
-``--kv-cache-dtype fp8``), its CPU build anywhere (``--kv-cache-dtype fp8``; no fp8 weights);
+``--kv-cache-dtype fp8``), its CPU build on x86 with AVX-512 or AMX (``--kv-cache-dtype fp8``; no fp8 weights; :func:`utils.engines.cpu_fp8_kv_cache_absent`);
 SGLang on a CUDA GPU.
 """
 from __future__ import annotations

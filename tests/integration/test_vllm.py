@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import VLLM_MAX_MODEL_LEN
 from tests.nbcells import cell, src
-from utils import kvcache, loadgen, serve, vllm_kv, vllm_log
+from utils import engines, kvcache, loadgen, serve, vllm_kv, vllm_log
 from utils.units import GIB
 
 pytestmark = pytest.mark.slow
@@ -105,13 +105,22 @@ def _custom_llama(root, overrides: dict):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_allocation_of_other_shapes_equals_the_calculator(name, vllm_install, lab03_calculator, tmp_path):
+def test_allocation_of_other_shapes_equals_the_calculator(name, vllm_install, lab03_calculator, tmp_path, monkeypatch):
     how, opts = SHAPES[name]
     if "preset" in how:
         d = serve.build_model_dir(how["preset"], "bf16", root=tmp_path, device="cpu")
     else:
         d = _custom_llama(tmp_path, how["config"])
     opts = {"max_model_len": VLLM_MAX_MODEL_LEN, **opts}
+    why = engines.cpu_fp8_kv_cache_absent() if "kv_cache_dtype" in opts else None
+    if why:  # this CPU has neither AVX-512 nor AMX: the starter says so at once, as vLLM itself does
+        with pytest.raises(serve.ServeError, match="only on x86 with AVX-512 or AMX"):
+            serve.start(d, engine="vllm", enforce_eager=True, warm_up=False, log_dir=tmp_path, **opts)
+        with monkeypatch.context() as m:  # and vLLM, started past that check, refuses for the same reason
+            m.setattr(engines, "cpu_fp8_kv_cache_absent", lambda: None)
+            with pytest.raises(serve.ServeError, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):
+                serve.start(d, engine="vllm", enforce_eager=True, warm_up=False, log_dir=tmp_path, **opts)
+        return
     with serve.start(d, engine="vllm", enforce_eager=True, warm_up=False, log_dir=tmp_path, **opts) as s:
         spec = kvcache.from_hf_config(d / "config.json")
         if name == "mha-gpt2":

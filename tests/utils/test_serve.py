@@ -166,6 +166,24 @@ def test_vllm_gpu_support_matrix():
     assert engines.vllm_gpu_support(None)[0] is False
 
 
+@pytest.mark.parametrize("avx512, amx, refused", [(False, False, True), (True, False, False), (False, True, False)])
+def test_fp8_kv_cache_on_vllm_cpu_needs_avx512_or_amx(monkeypatch, avx512, amx, refused):
+    import torch
+
+    from utils import engines
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    fp8_kv = engines.EngineOptions(device="cpu", kv_cache_dtype="fp8")
+    if refused:
+        with pytest.raises(engines.EngineError, match="kv_cache_dtype 'fp8' cannot run here: .* AVX-512 or AMX"):
+            engines.check_options("vllm", fp8_kv, "cpu")
+    else:
+        engines.check_options("vllm", fp8_kv, "cpu")
+    engines.check_options("vllm", engines.EngineOptions(device="cuda", kv_cache_dtype="fp8"), "cuda")  # a GPU: fine
+    engines.check_options("vllm", engines.EngineOptions(device="cpu"), "cpu")  # no fp8 cache asked for: fine
+
+
 def test_root_cause_is_the_engines_own_error():
     log = ("(Worker pid=7) ERROR [multiproc_executor.py:1063] ValueError: No common block size for 16.\n"
            "RuntimeError: Engine core initialization failed. See root cause above.\n")
