@@ -153,19 +153,6 @@ def measure_decode(generate_tokens, batch: int, new_tokens: int) -> dict:
     return {"t1": t1, "tn": tn, "tpot_ms": (tn.median_ms - t1.median_ms) / (new_tokens - 1)}
 
 
-def _check_decode_dict(decode, sizes) -> None:
-    if not isinstance(decode, dict) or set(decode) != set(sizes.decode_batches):
-        raise AssertionError(f"decode must map each batch size in {sizes.decode_batches} to its measurements")
-    for b, d in decode.items():
-        if not isinstance(d, dict) or not {"t1", "tn", "tpot_ms", "tokens_per_s"} <= set(d):
-            raise AssertionError(f"decode[{b}] needs t1, tn, tpot_ms and tokens_per_s")
-        t1, tn = checks.median(d["t1"], f"decode[{b}]['t1']"), checks.median(d["tn"], f"decode[{b}]['tn']")
-        tpot = checks.assert_positive(d["tpot_ms"], f"decode[{b}]['tpot_ms']")
-        checks.assert_close(tpot, (tn - t1) / (sizes.new_tokens - 1),
-                            f"decode[{b}]['tpot_ms'] ((tn - t1) / (new_tokens - 1) in medians)", rel=1e-6)
-        checks.assert_close(d["tokens_per_s"], b * 1e3 / tpot, f"decode[{b}]['tokens_per_s'] (batch / TPOT)", rel=1e-6)
-
-
 def check_measured_costs(samples_per_s, train, decode, usd_per_sample, usd_per_million_tokens, cost_per_sample_usd,
                          cost_per_million_tokens_usd, price_usd_per_hour, train_step, generate_tokens, x, y) -> None:
     """Throughputs from the learner's timings, re-measured; costs from their functions."""
@@ -184,7 +171,7 @@ def check_measured_costs(samples_per_s, train, decode, usd_per_sample, usd_per_m
     sps = checks.assert_positive(samples_per_s, "samples_per_s")
     checks.assert_close(sps, checks.as_number(train["tokens_per_s"], "train['tokens_per_s']") / sizes.seq_len,
                         "samples_per_s (train['tokens_per_s'] / seq_len)", rel=1e-6)
-    _check_decode_dict(decode, sizes)
+    records.decode_dict_ok(decode, sizes)
     price = records.device_price(remeasure.gpu_spec())[1]
     checks.assert_close(price_usd_per_hour, price, "PRICE_USD_PER_HOUR (the table's price for your GPU)", rel=REL)
     best = max(sizes.decode_batches)
@@ -253,7 +240,7 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
     sizes, device, _ = setting()
     spec = remeasure.gpu_spec()
     weights = _decode_model_ok(generate_tokens, sizes)
-    _check_decode_dict(decode, sizes)
+    records.decode_dict_ok(decode, sizes)
     want_bw = records.my_bandwidth_gbs(spec, checks.as_number(copy_gbs, "copy_gbs"))
     checks.assert_close(my_bandwidth_gbs, want_bw, "MY_BANDWIDTH_GBS (the datasheet's on a GPU in the table, "
                         "else your copy_gbs)", rel=REL)
@@ -281,6 +268,14 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
     remeasure.agree(compare, ATTEMPTS)
     checks.say(f"  answer: {answer.n_gpus} x {answer.choice.name}, ${answer.usd_per_hour:.4g}/h, as the reference "
                "gives from your numbers")
+
+
+def check_beyond_gpus(beyond, monthly_tokens, decode, slo_ms, demand_per_s, bytes_per_step, my_bandwidth_gbs) -> None:
+    """BEYOND exactly what :func:`utils.accelerators.cheapest_for_slo` gives on the right-sizing
+    numbers (:func:`grader.phase5_records.beyond_gpus_ok`; the numbers: :func:`check_right_sizing`)."""
+    checks.assert_untampered(EXTRA_MODULES)
+    checks.assert_constants_unchanged(("utils.accelerators",))
+    records.beyond_gpus_ok(beyond, monthly_tokens, decode, slo_ms, demand_per_s, bytes_per_step, my_bandwidth_gbs, REL)
 
 
 # -- 4. fault tolerance -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ proves the arithmetic, not the run.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,65 @@ def same_answer(answer: Any, expected: list, slo: float, demand: float) -> None:
         raise AssertionError(f"answer = {getattr(answer, 'n_gpus', '?')} x {choice!r}, but right_size on your "
                              f"candidates gives {ref.n_gpus} x {ref.choice.name!r}")
     checks.assert_close(answer.usd_per_hour, ref.usd_per_hour, "answer.usd_per_hour", rel=1e-9)
+
+
+def decode_dict_ok(decode, sizes) -> None:
+    """``decode`` has every batch size, each TPOT and tokens/s consistent with its two timings."""
+    if not isinstance(decode, dict) or set(decode) != set(sizes.decode_batches):
+        raise AssertionError(f"decode must map each batch size in {sizes.decode_batches} to its measurements")
+    for b, d in decode.items():
+        if not isinstance(d, dict) or not {"t1", "tn", "tpot_ms", "tokens_per_s"} <= set(d):
+            raise AssertionError(f"decode[{b}] needs t1, tn, tpot_ms and tokens_per_s")
+        t1, tn = checks.median(d["t1"], f"decode[{b}]['t1']"), checks.median(d["tn"], f"decode[{b}]['tn']")
+        tpot = checks.assert_positive(d["tpot_ms"], f"decode[{b}]['tpot_ms']")
+        checks.assert_close(tpot, (tn - t1) / (sizes.new_tokens - 1),
+                            f"decode[{b}]['tpot_ms'] ((tn - t1) / (new_tokens - 1) in medians)", rel=1e-6)
+        checks.assert_close(d["tokens_per_s"], b * 1e3 / tpot, f"decode[{b}]['tokens_per_s'] (batch / TPOT)", rel=1e-6)
+
+
+def beyond_gpus_ok(beyond, monthly_tokens, decode, slo_ms, demand_per_s, bytes_per_step, my_bandwidth_gbs, rel: float):
+    """BEYOND exactly what :func:`utils.accelerators.cheapest_for_slo` gives on the right-sizing
+    numbers: the middle batch's TPOT at that batch, the SLO, the demand over a 730-hour month, the
+    weight bytes and the bandwidth the TPOT was measured at, computed from a fresh copy of the
+    module's tables."""
+    import importlib.util
+
+    import utils.accelerators as live
+
+    spec = importlib.util.spec_from_file_location("_gpulab_fresh_accelerators", live.__file__)
+    accelerators = importlib.util.module_from_spec(spec)  # the tables as shipped, whatever the notebook did to them
+    sys.modules[spec.name] = accelerators  # dataclasses resolve their annotations through sys.modules
+    try:
+        spec.loader.exec_module(accelerators)
+    finally:
+        sys.modules.pop(spec.name, None)
+    tpots = {b: checks.as_number(d["tpot_ms"], f"decode[{b}]['tpot_ms']") for b, d in decode.items()}
+    mid = sorted(tpots)[len(tpots) // 2]
+    want_month = checks.as_number(demand_per_s, "DEMAND_TOKENS_PER_S") * accelerators.HOURS_PER_MONTH * 3600
+    checks.assert_close(monthly_tokens, want_month, "MONTHLY_TOKENS (DEMAND_TOKENS_PER_S over a 730-hour month, "
+                        "in tokens)", rel=rel)
+    if not isinstance(beyond, live.SloChoice):
+        raise AssertionError(f"BEYOND must be what accelerators.cheapest_for_slo returns, got {type(beyond).__name__}")
+    want = accelerators.cheapest_for_slo(measured_tpot_ms=tpots[mid], batch_size=mid, slo_tpot_ms=slo_ms,
+                                         output_tokens_per_month=want_month, model_bytes=bytes_per_step,
+                                         measured_bandwidth_gbs=my_bandwidth_gbs)
+    checks.assert_close(beyond.measured_bandwidth_gbs, want.measured_bandwidth_gbs,
+                        "BEYOND's measured bandwidth (MY_BANDWIDTH_GBS)", rel=rel)
+    checks.assert_close(beyond.demand_tokens_per_s, want.demand_tokens_per_s,
+                        "BEYOND's demand (MONTHLY_TOKENS over the month)", rel=rel)
+    got = [(o.accelerator, o.devices) for o in beyond.options]
+    exp = [(o.accelerator, o.devices) for o in want.options]
+    if got != exp or {r.accelerator for r in beyond.rejected} != {r.accelerator for r in want.rejected}:
+        raise AssertionError(f"BEYOND qualifies {got or 'nothing'}, but cheapest_for_slo on the middle batch "
+                             f"(b{mid}: its TPOT at batch {mid}), TPOT_SLO_MS and BYTES_PER_STEP qualifies "
+                             f"{exp or 'nothing'} (accelerator, devices)")
+    for o, w in zip(beyond.options, want.options, strict=True):
+        checks.assert_close(o.scaled_tpot_ms, w.scaled_tpot_ms, f"BEYOND's scaled TPOT on {w.accelerator}", rel=rel)
+        checks.assert_close(o.monthly_cost_usd, w.monthly_cost_usd, f"BEYOND's monthly cost on {w.accelerator}", rel=rel)
+    pick = want.cheapest
+    checks.say("  beyond the GPUs: " + (f"{pick.devices} x {pick.accelerator} at ${pick.monthly_cost_usd:,.0f} a month, "
+                                       "as cheapest_for_slo gives from your numbers" if pick else
+                                       "no accelerator meets the SLO and holds the model, as cheapest_for_slo says"))
 
 
 def weight_bytes(model: Any) -> float:

@@ -282,12 +282,8 @@ def cpu_fp8_kv_cache_absent() -> str | None:
     import torch
 
     probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_supported", "_is_amx_tile_supported")]
-    if any(p is None for p in probes):  # an older torch: the kernel's CPU flags say the same
-        try:
-            flags = set(Path("/proc/cpuinfo").read_text().split())
-        except OSError:
-            flags = set()
-        ok = bool(flags & {"avx512f", "amx_tile"})
+    if None in probes:  # an older torch: the kernel's CPU flags say the same
+        ok = bool({"avx512f", "amx_tile"} & set(Path("/proc/cpuinfo").read_text().split())) if Path("/proc/cpuinfo").is_file() else False
     else:
         ok = any(p() for p in probes)
     return None if ok else ("vLLM's CPU build keeps an fp8 KV cache only on x86 with AVX-512 or AMX, which this "

@@ -28,7 +28,7 @@ ASSIGNMENT = "05_hardware_and_cost"
 SOURCE = ROOT / "grader" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
 POINTS = {"test_speedup": 1, "test_points": 2, "test_cost_functions": 2, "test_measured_costs": 2, "test_right_sizing": 3,
-          "test_resume": 3, "test_checkpoint_overhead": 2, "test_spot": 2, "test_recompiles": 3, "test_topology": 1}
+          "test_beyond_gpus": 1, "test_resume": 3, "test_checkpoint_overhead": 2, "test_spot": 2, "test_recompiles": 3, "test_topology": 1}
 FROM_RECORD = ("test_points", "test_measured_costs", "test_right_sizing", "test_checkpoint_overhead")
 ALWAYS_LIVE = ("test_resume", "test_recompiles")
 # per cell: a bound for a stuck cell, not a budget. The kill-and-resume cells run three training processes on
@@ -259,6 +259,38 @@ def test_wrong_learner_arithmetic_fails_the_pure_checks(phase5):
         p5.check_speedup(lambda i, a, b, dtype="bf16": b.peak_tflops(dtype) / a.peak_tflops(dtype))
     with pytest.raises(AssertionError, match="raised ZeroDivisionError"):
         p5.check_speedup(lambda i, a, b, dtype="bf16": 1 / 0)
+
+
+def test_beyond_gpus_takes_the_right_numbers_or_fails(phase5):
+    """The pure check on the exercise's inputs: the answer as the notebook builds it passes, and
+    each wrong choice of input (the largest batch's TPOT, a 30-day month, half the weights, another
+    bandwidth, a hand-made result) fails with what is wrong."""
+    from utils import accelerators
+
+    p5 = phase5(None)
+    decode = {1: {"tpot_ms": 9.0}, 4: {"tpot_ms": 10.0}, 16: {"tpot_ms": 14.0}}
+    slo, demand, nbytes, bw = 12.5, 4000.0, 2.5e8, 300.0
+    month = demand * 730 * 3600
+
+    def beyond(batch=4, tokens=month, model_bytes=nbytes, bandwidth=bw):
+        return accelerators.cheapest_for_slo(measured_tpot_ms=decode[batch]["tpot_ms"], batch_size=batch,
+                                             slo_tpot_ms=slo, output_tokens_per_month=tokens,
+                                             model_bytes=model_bytes, measured_bandwidth_gbs=bandwidth)
+
+    p5.check_beyond_gpus(beyond(), month, decode, slo, demand, nbytes, bw)
+    with pytest.raises(AssertionError, match="MONTHLY_TOKENS"):
+        p5.check_beyond_gpus(beyond(tokens=demand * 720 * 3600), demand * 720 * 3600, decode, slo, demand, nbytes, bw)
+    with pytest.raises(AssertionError, match="demand"):
+        p5.check_beyond_gpus(beyond(tokens=demand * 720 * 3600), month, decode, slo, demand, nbytes, bw)
+    with pytest.raises(AssertionError, match="b4: its TPOT at batch 4|scaled TPOT"):
+        p5.check_beyond_gpus(beyond(batch=16), month, decode, slo, demand, nbytes, bw)
+    with pytest.raises(AssertionError, match="measured bandwidth"):
+        p5.check_beyond_gpus(beyond(bandwidth=2 * bw), month, decode, slo, demand, nbytes, bw)
+    big = 4e10  # 40 GB of weights: chips of 16 to 32 GB no longer hold it
+    with pytest.raises(AssertionError, match="qualifies"):
+        p5.check_beyond_gpus(beyond(model_bytes=big / 2), month, decode, slo, demand, big, bw)
+    with pytest.raises(AssertionError, match="BEYOND must be what accelerators.cheapest_for_slo returns"):
+        p5.check_beyond_gpus({"cheapest": "inf2"}, month, decode, slo, demand, nbytes, bw)
 
 
 # -- release --------------------------------------------------------------------------------------
