@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -101,40 +102,82 @@ def launch_env(p: Plan, extra: dict | None = None) -> dict:
     return env
 
 
+# Lines of torchrun's failure summary (torch/distributed/elastic/multiprocessing/errors/__init__.py,
+# ChildFailedError.format_msg): they frame a failure and never say what it was.
+_SUMMARY_NOISE = ("error_file:", "traceback :", "traceback:", "root cause", "exitcode", "host ", "host:", "rank ", "rank:",
+                  "time ", "time:", "failures:", "<no_other_failures>", "to enable traceback")
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b:?")
+_SIGNAL_LINE = re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID")
+# Failures that are the machine's, not the script's: the rendezvous port taken between choosing it and
+# binding it, a peer's socket reset or refused (gloo's connectFullMesh, c10d's TCPStore), a rank killed
+# by a signal (the out-of-memory killer on a shared machine). One fresh launch is worth it; a bug fails again.
+TRANSIENT = ("address already in use", "eaddrinuse", "connection reset by peer", "connection refused", "connectfullmesh",
+             "distnetworkerror", "diststoreerror", "broken pipe", "connection closed by peer", "failed to recv",
+             "socket timeout", "sigkill", "sigbus")
+LAUNCH_ATTEMPTS = 2
+
+
 def why_failed(text: str) -> str:
-    """The line of a failed run's output that says why."""
+    """The line of a failed run's output that says why: a script's own one-line error (argparse
+    style), else the last exception line of a rank's traceback, else a signal that killed a rank,
+    else the last line that mentions an error. torchrun's summary block (``error_file: <N/A>``,
+    ``ChildFailedError``) is skipped: it only frames the failure."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):  # a script's own one-line error first (argparse style)
+    useful = [ln for ln in lines if not ln.lower().startswith(_SUMMARY_NOISE) and "ChildFailedError" not in ln
+              and not set(ln) <= set("=-_*")]
+    for ln in reversed(useful):
         if ": error: " in ln:
             return ln[:300]
+    for ln in reversed(useful):
+        if _EXCEPTION_LINE.match(ln):
+            return ln[:300]
     for ln in reversed(lines):
+        if m := _SIGNAL_LINE.search(ln):
+            return f"a process was killed by signal {m.group(1)} ({m.group(2)}): out of memory, or stopped from outside"
+    for ln in reversed(useful):
         if ("error" in ln.lower() or "Exception" in ln) and not ln.startswith(("File ", "Traceback", "raise ")):
             return ln[:300]
-    return lines[-1][:300] if lines else "no output"
+    return useful[-1][:300] if useful else (lines[-1][:300] if lines else "no output")
 
 
-def _launch(cmd: list[str], shown: str, out: Path, env: dict, timeout_s: float, verbose: bool) -> dict:
-    """Run ``cmd`` in its own process group; the JSON it wrote at ``out``, or RuntimeError."""
+def transient(text: str) -> str | None:
+    """The signature in a failed run's output that makes it the machine's failure (:data:`TRANSIENT`), or None."""
+    low = text.lower()
+    return next((t for t in TRANSIENT if t in low), None)
+
+
+def _launch(make_cmd, shown: str, out: Path, env: dict, timeout_s: float, verbose: bool) -> dict:
+    """Run ``make_cmd()`` in its own process group; the JSON it wrote at ``out``, or RuntimeError.
+    A failure whose output is the machine's (:func:`transient`) is launched once more, with a fresh
+    command (a new rendezvous port), and the second failure is reported; a timeout is not retried."""
     if verbose:
         print("$ " + shown, flush=True)
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.unlink(missing_ok=True)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        so, se = proc.communicate(timeout=timeout_s)
-    except BaseException as exc:  # timeout, or the notebook interrupted: take every rank down with it
-        os.killpg(proc.pid, signal.SIGKILL)
-        so, se = proc.communicate()
+    for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+        out.unlink(missing_ok=True)
+        proc = subprocess.Popen(make_cmd(), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            so, se = proc.communicate(timeout=timeout_s)
+        except BaseException as exc:  # timeout, or the notebook interrupted: take every rank down with it
+            os.killpg(proc.pid, signal.SIGKILL)
+            so, se = proc.communicate()
+            log.write_text(f"$ {shown}\n--- stdout ---\n{so}\n--- stderr ---\n{se}")
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise RuntimeError(f"`{shown.split(' --out')[0]}` ran past {timeout_s:.0f} s and was stopped; log: {log}") from None
+            raise
         log.write_text(f"$ {shown}\n--- stdout ---\n{so}\n--- stderr ---\n{se}")
-        if isinstance(exc, subprocess.TimeoutExpired):
-            raise RuntimeError(f"`{shown.split(' --out')[0]}` ran past {timeout_s:.0f} s and was stopped; log: {log}") from None
-        raise
-    log.write_text(f"$ {shown}\n--- stdout ---\n{so}\n--- stderr ---\n{se}")
-    if proc.returncode != 0 or not out.is_file():
-        raise RuntimeError(f"`{shown.split(' --out')[0]} ...` failed (exit {proc.returncode}): {why_failed(se + chr(10) + so)}; "
-                           f"full log: {log}")
+        if proc.returncode == 0 and out.is_file():
+            break
+        why = transient(se + "\n" + so)
+        if why is None or attempt == LAUNCH_ATTEMPTS:
+            again = f" (launched twice: the first failed on {why!r} too)" if why and attempt > 1 else ""
+            raise RuntimeError(f"`{shown.split(' --out')[0]} ...` failed (exit {proc.returncode}): {why_failed(se + chr(10) + so)}"
+                               f"{again}; full log: {log}")
+        log.rename(log.with_suffix(f".attempt{attempt}.log"))
+        if verbose:
+            print(f"  the launch failed on the machine's side ({why!r}); launching it once more", flush=True)
     res = json.loads(out.read_text())
     res["file"] = str(out)
     return res
@@ -159,8 +202,9 @@ def run_training(p: Plan, nproc: int, name: str, *, config: str = "ddp", batch_p
     if baseline is not None:
         args += ["--baseline", str(baseline["file"])]
     launch = ["--config_file", str(CONFIGS[config]), "--num_processes", str(nproc)]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launch, "--main_process_ip", "127.0.0.1",
-           "--main_process_port", str(_free_port()), str(TRAIN), "--out", str(out), *args]
+    def cmd() -> list[str]:  # a fresh rendezvous port for each attempt
+        return [sys.executable, "-m", "accelerate.commands.launch", *launch, "--main_process_ip", "127.0.0.1",
+                "--main_process_port", str(_free_port()), str(TRAIN), "--out", str(out), *args]
     pre = " ".join(f"{k}={v}" for k, v in (env or {}).items())
     shown = (f"{pre + ' ' if pre else ''}accelerate launch --config_file benchmarks/accelerate/{config}.yaml "
              f"--num_processes {nproc} benchmarks/train_multi_gpu.py --out {out.name} " + " ".join(
@@ -183,11 +227,11 @@ def run_allreduce(p: Plan, name: str = "allreduce", *, env: dict | None = None, 
     out = Path(p.work) / f"{name}.json"
     args = ["--sizes", s.allreduce_sizes, "--iters", str(s.allreduce_iters)] + ["--smoke"] * (p.backend == "gloo")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(p.nproc), str(ALLREDUCE),
-           "--out", str(out), *args]
+           "--out", str(out), *args]  # --standalone: torchrun picks a free port itself
     pre = " ".join(f"{k}={v}" for k, v in (env or {}).items())
     shown = (f"{pre + ' ' if pre else ''}torchrun --standalone --nproc_per_node {p.nproc} benchmarks/allreduce.py "
              f"--out {out.name} " + " ".join(args))
-    res = _launch(cmd, shown, out, launch_env(p, env), TIMEOUT_S[p.backend], verbose)
+    res = _launch(lambda: cmd, shown, out, launch_env(p, env), TIMEOUT_S[p.backend], verbose)
     if verbose:
         for r in res["results"]:
             frac = r.get("busbw_fraction_of_link")
@@ -211,9 +255,10 @@ def run_post_training(p: Plan, name: str = "post_train_trl", verbose: bool = Tru
     s = p.sizes  # the tier's sizes: DPO at the script's defaults is an estimated 37 GiB per GPU in fp32 (utils.lab_memory)
     args = ["--smoke"] if p.backend == "gloo" else (["--bf16"] * s.bf16 + ["--batch-per-device", str(s.post_batch),
                                                                           "--max-length", str(s.post_max_len)])
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS["ddp"]), "--num_processes",
-           str(p.nproc), "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()), str(script),
-           "--out", str(out), *args]
+    def cmd() -> list[str]:  # a fresh rendezvous port for each attempt
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS["ddp"]), "--num_processes",
+                str(p.nproc), "--main_process_ip", "127.0.0.1", "--main_process_port", str(_free_port()), str(script),
+                "--out", str(out), *args]
     shown = (f"accelerate launch --config_file benchmarks/accelerate/ddp.yaml --num_processes {p.nproc} "
              f"benchmarks/post_train_trl.py --out {out.name} " + " ".join(args))
     try:
