@@ -8,6 +8,9 @@ fail: there it must be installed. One server starts per session (about 50 to 110
 cores: imports, then a first torch.compile; later starts of the same shape reuse vLLM's
 compile cache) and every vLLM test that only reads from it shares it.
 
+The one-node Slurm cluster (``slurm``) is started once, by ``.ci/slurm-up.sh``, for the class-grading
+and the multi-node launch tests.
+
 Each lab's reference solution is graded once per session, beside a busy core
 (``graded_reference``): the under-load test and the lab's own test read the same result, so a
 whole lab is not graded twice for the same question (does the reference get full marks?).
@@ -15,6 +18,9 @@ whole lab is not graded twice for the same question (does the reference get full
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +107,13 @@ def graded_reference(tmp_path_factory):
                              "spun_s": cpu_seconds(busy) - cpu0, "busy_alive": busy.poll() is None}
         return done[lab]
     return grade
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A one-node Slurm cluster on this machine (``.ci/slurm-up.sh``; idempotent)."""
+    if not shutil.which("sbatch"):
+        pytest.fail("Slurm is not installed: run .ci/install-services.sh (the README's test command does)")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([str(root / ".ci" / "slurm-up.sh")], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"slurm-up failed: {proc.stdout}{proc.stderr}"

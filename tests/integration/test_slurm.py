@@ -23,14 +23,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def slurm():
-    if not shutil.which("sbatch"):
-        pytest.fail("Slurm is not installed: run .ci/install-services.sh (the README's test command does)")
-    proc = subprocess.run([str(ROOT / ".ci" / "slurm-up.sh")], capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, f"slurm-up failed: {proc.stdout}{proc.stderr}"
-
-
-@pytest.fixture(scope="module")
 def klass(tmp_path_factory):
     d = tmp_path_factory.mktemp("class")
     (d / "ref.ipynb").write_text(json.dumps(reference_submission(ASSIGNMENT)))
