@@ -196,9 +196,9 @@ _PHASE2 = {
 
 @dataclass(frozen=True)
 class Phase4Sizes(_PrintsPlan):
-    model: str  # the served preset (utils.serve.build_model_dir): random weights, the preset's shape
+    model: str  # the served preset (utils.serve.build_model_dir): its real checkpoint, or random weights offline
     num_requests: int  # per load run: every sweep step, the operating-point run, the grader's re-runs
-    input_len: int  # the course's default prompt length (tokens of the shipped tokenizer)
+    input_len: int  # the course's default prompt length (tokens of the served model's tokenizer)
     output_len: int  # the course's default output length (the served model never stops early)
     max_len: int  # input_len + output_len may not exceed this (KV-cache budget per request)
     sweep_points: int  # request rates between synchronous and saturation

@@ -1,5 +1,8 @@
-"""A servable model directory: a preset's shape with random weights, the shipped tokenizer,
-and a generation config that fixes every request's output length.
+"""A servable model directory: a preset's real checkpoint from the hub cache where there is one
+(:func:`real_model_dir`), else its shape with random weights and the shipped tokenizer; either
+way a generation config that fixes every request's output length.
+
+Which weights: :mod:`utils.weights` (``GPULAB_WEIGHTS=random`` forces random ones).
 
 :func:`build_model_dir` holds a preset of ``utils/configs`` with
 random weights (honest for speed and memory, meaningless for text), the course's shipped
@@ -91,30 +94,47 @@ def read_marker(model_dir: str | os.PathLike) -> dict:
 
 
 def build_model_dir(preset: str, dtype: str | None = None, *, root: str | os.PathLike | None = None,
-                    device: str | None = None) -> Path:
+                    device: str | None = None, weights: str = "auto") -> Path:
     """A servable directory for ``preset`` (``utils.models.MODEL_PRESETS``), built once and cached.
 
-    ``dtype``: the weights' dtype (default :func:`default_dtype`). The weights are built on
-    ``device`` (default: the GPU if there is one: a 1.1B model initializes in seconds there)
-    and written as safetensors; the directory name holds a hash of the preset's config, the
-    tokenizer and the dtype, so a changed config builds a new one."""
-    from utils.models import MODEL_PRESETS
+    ``weights="auto"`` serves the preset's real checkpoint where :mod:`utils.weights` finds one
+    (cached or downloaded; ``GPULAB_WEIGHTS=random`` opts out): :func:`real_model_dir`, whose
+    weights are the hub cache's own files. Otherwise (``weights="random"``, offline, a smoke
+    preset) the preset's shape with random weights: ``dtype`` (default :func:`default_dtype`),
+    built on ``device`` (default: the GPU if there is one: a 1.1B model initializes in seconds
+    there) and written as safetensors; the directory name holds a hash of the preset's config,
+    the tokenizer and the dtype, so a changed config builds a new one. With ``weights="auto"``
+    it prints one line: which weights, and why."""
+    from utils.models import MODEL_PRESETS, choose_weights
 
     if preset not in MODEL_PRESETS:
         raise ServeError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    if weights not in ("auto", "random"):
+        raise ServeError(f"weights must be 'auto' or 'random', got {weights!r}")
     device = device or default_device()
     dtype = dtype or default_dtype(device)
     if dtype not in ("fp32", "bf16", "fp16"):
         raise ServeError(f"dtype must be fp32, bf16 or fp16, got {dtype!r}")
+    if weights == "auto":
+        try:
+            choice = choose_weights(preset)
+        except ValueError as e:  # a malformed GPULAB_WEIGHTS or GPULAB_HUB_IDS
+            raise ServeError(str(e)) from None
+        if choice.real:
+            try:
+                out = real_model_dir(preset, choice.hub_id, choice.path, dtype, root=root)
+            except ServeError as e:
+                print(f"{preset}: random weights: {e}")
+            else:
+                print(choice.line())
+                return out
+        else:
+            print(choice.line())
     base = Path(root) if root is not None else default_root()
     out = base / f"{preset}-{dtype}-{_dir_key(preset, dtype)}"
     if (out / MARKER).is_file():
         return out
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=base))
-    except OSError as e:
-        raise ServeError(f"cannot write a model directory under {base}: {e.strerror or e}") from None
+    work = _work_dir(base, out.name)
     try:
         marker = _write_model(preset, dtype, device, work)
         (work / MARKER).write_text(json.dumps(marker, indent=1))
@@ -122,6 +142,15 @@ def build_model_dir(preset: str, dtype: str | None = None, *, root: str | os.Pat
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def _work_dir(base: Path, name: str) -> Path:
+    """A fresh folder under ``base`` to build ``name`` in, renamed into place when complete (:func:`_publish`)."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{name}-", dir=base))
+    except OSError as e:
+        raise ServeError(f"cannot write a model directory under {base}: {e.strerror or e}") from None
 
 
 def _publish(work: Path, out: Path) -> None:
@@ -172,11 +201,86 @@ def _write_files(preset: str, dtype: str, device: str, work: Path, tok) -> dict:
     del model
     if device != "cpu":
         torch.cuda.empty_cache()
-    return {"layout": LAYOUT, "preset": preset, "dtype": dtype, "params": n_params, "weight_bytes": weight_bytes,
-            "vocab_size": vocab, "tokenizer_size": len(tok), "allowed_token_ids": clean,
+    return {"layout": LAYOUT, "preset": preset, "weights": "random", "dtype": dtype, "params": n_params,
+            "weight_bytes": weight_bytes, "vocab_size": vocab, "tokenizer_size": len(tok), "allowed_token_ids": clean,
             "max_position_embeddings": max_pos,
             "note": "random weights: honest for speed and memory, not for text; no end-of-sequence token, so "
                     "every request generates exactly max_tokens"}
+
+
+_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+_NOT_LINKED = ("config.json", "generation_config.json", MARKER)
+
+
+def safetensors_params(path: Path) -> int:
+    """Parameters stored in a safetensors file, from its header alone (8 bytes of little-endian
+    length, then JSON: name -> dtype, shape, offsets; the safetensors format's README)."""
+    import math
+    import struct
+
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+
+
+def real_model_dir(preset: str, hub_id: str, snapshot: str | os.PathLike, dtype: str, *,
+                   root: str | os.PathLike | None = None) -> Path:
+    """A servable directory for a real checkpoint: every file of the hub cache's ``snapshot``
+    linked (the engine reads the cache's own weights and tokenizer; nothing is copied), and
+    two rewritten: ``config.json`` and ``generation_config.json`` without an end-of-sequence
+    token and with the special tokens suppressed, so every request generates exactly
+    ``max_tokens`` as with random weights (the load tests count on it); and the marker, which
+    names ``preset`` (what the lab serves), the ``dtype`` the engine is told to load it in, and
+    the weight bytes at that dtype. The name holds a hash of the revision and the dtype."""
+    from transformers import AutoTokenizer
+
+    snap = Path(snapshot)
+    if not (snap / "config.json").is_file():
+        raise ServeError(f"{snap} has no config.json: not a checkpoint")
+    shards = sorted(snap.glob("*.safetensors"))
+    if not shards:
+        raise ServeError(f"{snap} has no safetensors weights")
+    if dtype not in _BYTES:
+        raise ServeError(f"dtype must be fp32, bf16 or fp16, got {dtype!r}")
+    key = hashlib.sha256(json.dumps([LAYOUT, hub_id, snap.name, dtype]).encode()).hexdigest()[:12]
+    base = Path(root) if root is not None else default_root()
+    out = base / f"{preset}-{dtype}-real-{key}"
+    if (out / MARKER).is_file():
+        return out
+    work = _work_dir(base, out.name)
+    try:
+        for f in snap.iterdir():
+            if f.is_file() and f.name not in _NOT_LINKED:
+                (work / f.name).symlink_to(f.absolute())
+        cfg = json.loads((snap / "config.json").read_text())
+        gen_path = snap / "generation_config.json"
+        gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        with contextlib.redirect_stderr(io.StringIO()):
+            tok = AutoTokenizer.from_pretrained(snap, local_files_only=True)
+        cfg["eos_token_id"] = None
+        gen = {k: v for k, v in gen.items() if k in ("transformers_version", "bos_token_id", "max_length")}
+        gen.update(do_sample=False, eos_token_id=None, pad_token_id=None,
+                   suppress_tokens=sorted(set(tok.all_special_ids)))
+        (work / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        (work / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+        text = cfg.get("text_config", cfg)
+        params = sum(safetensors_params(p) for p in shards)
+        marker = {"layout": LAYOUT, "preset": preset, "weights": "real", "hub_id": hub_id, "revision": snap.name,
+                  "snapshot": str(snap), "dtype": dtype, "params": params, "weight_bytes": params * _BYTES[dtype],
+                  "vocab_size": int(text.get("vocab_size", len(tok))), "tokenizer_size": len(tok),
+                  "allowed_token_ids": None, "max_position_embeddings": int(text.get("max_position_embeddings", 2048)),
+                  "note": f"real weights of {hub_id}: no end-of-sequence token, so every request generates exactly "
+                          "max_tokens"}
+        (work / MARKER).write_text(json.dumps(marker, indent=1))
+        _publish(work, out)
+    except ServeError:
+        raise
+    except Exception as e:  # an unreadable file, a tokenizer that does not load: one line
+        raise ServeError(f"cannot serve {hub_id} from {snap}: {type(e).__name__}: {str(e)[:160]}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
 
 
 def model_facts(model_dir: Path) -> dict:

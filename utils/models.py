@@ -1,9 +1,13 @@
-"""Models, tokenizers and text for the labs: from the Hugging Face hub online, from the repo offline.
+"""Models, tokenizers and text for the labs: real checkpoints from the Hugging Face hub where
+the runtime can download them, the same shapes with random weights from the repo otherwise.
 
-Online, :func:`load_causal_lm` loads pretrained weights and the model's own tokenizer from
-the hub. Offline (``HF_HUB_OFFLINE=1``, the hub unreachable, or ``offline=True``) it builds
-the same architecture from a config shipped in ``utils/configs/`` with random weights, and
-uses the byte-level BPE tokenizer shipped in ``utils/data/``. Random weights are honest for
+:func:`load_model` (the labs' call) and :func:`load_causal_lm` load a preset's real
+open-weights checkpoint and its own tokenizer when :mod:`utils.weights` finds one (in the
+local hub cache, or downloaded); offline (``HF_HUB_OFFLINE=1`` with nothing cached, the hub
+unreachable, a failed download) or under ``GPULAB_WEIGHTS=random`` they build the same
+architecture from a config shipped in ``utils/configs/`` with random weights, and use the
+byte-level BPE tokenizer shipped in ``utils/data/``; :func:`load_model` prints one line
+saying which and why. :func:`build_model` is always random. Random weights are honest for
 speed and memory (the same shapes run the same kernels and hold the same bytes) and say
 nothing about quality: loss, perplexity and generated text from them are noise.
 
@@ -28,14 +32,14 @@ translated by Yasotaro Morri, revised by J. R. Kennedy (1919; public domain in t
 from __future__ import annotations
 
 import json
-import os
-import socket
-import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from utils import weights as W
+from utils.weights import hub_reachable, is_offline  # noqa: F401  (re-exported: the labs' and tests' names)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -71,46 +75,6 @@ def _preset(name: str) -> ModelPreset:
     if name not in MODEL_PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
     return MODEL_PRESETS[name]
-
-
-# --------------------------------------------------------------------------- online or offline
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-@lru_cache(maxsize=1)
-def hub_reachable(timeout_s: float = 2.0) -> bool:
-    """Whether a TCP connection to the hub (``HF_ENDPOINT``, default huggingface.co:443) opens
-    within ``timeout_s``.
-
-    A socket probe, because a failing download retries for much longer. It runs in a daemon
-    thread so that a hanging DNS lookup (which the socket timeout does not cover) is bounded
-    too. Cached per process.
-    """
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    host, _, port = host.partition(":")
-    result: list[bool] = []
-
-    def probe() -> None:
-        try:
-            with socket.create_connection((host, int(port or 443)), timeout=timeout_s):
-                result.append(True)
-        except (OSError, ValueError):
-            result.append(False)
-
-    worker = threading.Thread(target=probe, daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    return bool(result and result[0])
-
-
-def is_offline(offline: bool | None = None) -> bool:
-    """``offline`` when given; else True under ``HF_HUB_OFFLINE=1`` or when the hub is unreachable."""
-    if offline is not None:
-        return bool(offline)
-    return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE") or not hub_reachable()
 
 
 # --------------------------------------------------------------------------- configs and models
@@ -184,38 +148,144 @@ def _set_loss_type(model):
 class LoadedModel(NamedTuple):
     model: Any
     tokenizer: Any
-    weights: str  # "pretrained" (from the hub or its cache) or "random" (built from a shipped config)
+    weights: str  # "pretrained" (a hub checkpoint, downloaded or cached) or "random" (built from a shipped config)
+    line: str = ""  # the one line saying which weights and why (utils.weights.WeightsChoice.line)
+
+
+def choose_weights(name: str, download: bool = True) -> W.WeightsChoice:
+    """The weights preset ``name`` gets (:func:`utils.weights.choose`: ``GPULAB_WEIGHTS``, the
+    local hub cache, offline or not); a hub id that is not a preset is its own checkpoint."""
+    preset = MODEL_PRESETS.get(name)
+    return W.choose(name, preset.hub_id if preset else name, download=download)
+
+
+@contextmanager
+def _quiet():
+    """No transformers progress bar ("Loading weights", "Writing model shards") and nothing else
+    on stderr: a test cell that writes to stderr scores 0 under nbgrader."""
+    import contextlib
+    import io
+
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _save_quietly(model, path: Path) -> None:
+    with _quiet():
+        model.save_pretrained(path)
+
+
+def _load_checkpoint(path: Path, dtype: Any, device: Any, attn_implementation: str):
+    """A causal LM from a local snapshot folder, quietly, on ``device``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with _quiet():
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation,
+                                                     local_files_only=True, **_dtype_kwarg(_torch_dtype(dtype)))
+    return _set_loss_type(model.to(torch.device(device)))
 
 
 def load_causal_lm(name: str, dtype: Any = "fp32", device: Any = "cpu", attn_implementation: str = "sdpa",
                    offline: bool | None = None, weights: str = "auto") -> LoadedModel:
-    """A causal LM and its tokenizer: pretrained from the hub online, random from a shipped config offline.
+    """A causal LM and its own tokenizer: the real checkpoint where :func:`choose_weights` finds
+    one, random weights from the shipped config otherwise.
 
-    ``name`` is a preset (:data:`MODEL_PRESETS`) or, online only, any hub id.
-    ``weights``: ``"auto"`` (pretrained online, random offline), ``"random"`` (always the
-    shipped config), ``"pretrained"`` (from the hub; with ``HF_HUB_OFFLINE=1`` transformers
-    reads only its local cache, so this is how to use cached weights offline). Smoke presets
-    have no hub weights and are always random. Check ``.weights`` before quoting a loss.
+    ``name`` is a preset (:data:`MODEL_PRESETS`) or any hub id (real weights only: it has no
+    shipped config). ``weights``: ``"auto"`` (:mod:`utils.weights` decides), ``"random"``
+    (always the shipped config), ``"pretrained"`` (real weights or a one-line ValueError saying
+    why not). ``offline=True`` never downloads (a cached checkpoint is still used). A checkpoint
+    that does not load falls back to random weights, and ``.line`` says so. Check ``.weights``
+    before quoting a loss: from random weights it is noise.
     """
     if weights not in ("auto", "random", "pretrained"):
         raise ValueError(f"weights must be 'auto', 'random' or 'pretrained', got {weights!r}")
     preset = MODEL_PRESETS.get(name)
-    hub_id = preset.hub_id if preset else name
-    use_hub = hub_id is not None and (weights == "pretrained" or (weights == "auto" and not is_offline(offline)))
-    if not use_hub:
-        if preset is None:
-            why = "weights='random' needs" if weights == "random" else "the hub is offline, so it needs"
-            raise ValueError(f"{name!r} has no shipped config ({why} a preset): use one of {', '.join(MODEL_PRESETS)}")
-        model = build_model(name, dtype=dtype, device=device, attn_implementation=attn_implementation)
-        return LoadedModel(model, get_tokenizer(name, offline=True), "random")
-    import torch
-    from transformers import AutoModelForCausalLM
+    if weights == "random":
+        choice = W.WeightsChoice(name, "random", preset.hub_id if preset else name, None, "weights='random'")
+    else:
+        choice = choose_weights(name, download=offline is not True)
+    if choice.real:
+        try:
+            model = _load_checkpoint(choice.path, dtype, device, attn_implementation)
+            from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(hub_id, attn_implementation=attn_implementation,
-                                                 **_dtype_kwarg(_torch_dtype(dtype)))
-    model = _set_loss_type(model.to(torch.device(device)))
-    tok_id = preset.tokenizer_hub_id if preset else hub_id
-    return LoadedModel(model, get_tokenizer(tok_id, offline=False), "pretrained")
+            tokenizer = AutoTokenizer.from_pretrained(choice.path, local_files_only=True)
+        except Exception as exc:  # a corrupt or unsupported checkpoint: one line, then random weights
+            choice = W.WeightsChoice(name, "random", choice.hub_id, None,
+                                     f"loading {choice.hub_id} failed ({W._one_line(exc)})")
+        else:
+            model.gpulab_weights = choice
+            return LoadedModel(model, tokenizer, "pretrained", choice.line())
+    if weights == "pretrained":
+        raise ValueError(f"no real weights for {name!r}: {choice.reason}")
+    if preset is None:
+        raise ValueError(f"{name!r} has no shipped config ({choice.reason}, so it needs a preset): "
+                         f"use one of {', '.join(MODEL_PRESETS)}")
+    model = build_model(name, dtype=dtype, device=device, attn_implementation=attn_implementation)
+    model.gpulab_weights = choice
+    return LoadedModel(model, shipped_tokenizer(), "random", choice.line())
+
+
+def load_model(preset: str, dtype: Any = "fp32", device: Any = "cpu", attn_implementation: str = "sdpa"):
+    """The labs' model: :func:`load_causal_lm`'s, after printing its one line (which weights,
+    and why). Where :func:`build_model` always gives random weights, this gives the real
+    checkpoint of the same shape when the runtime can download it or has it cached
+    (``GPULAB_WEIGHTS=random`` to opt out: :mod:`utils.weights`). Its tokenizer:
+    :func:`model_tokenizer`."""
+    lm = load_causal_lm(preset, dtype=dtype, device=device, attn_implementation=attn_implementation)
+    print(lm.line)
+    return lm.model
+
+
+_RANDOM_DIRS: dict[str, Path] = {}
+
+
+def checkpoint_dir(preset: str) -> tuple[Path, W.WeightsChoice]:
+    """``(folder, choice)``: where ``from_pretrained`` loads ``preset`` from (with a
+    quantization config, say), for code that cannot start from a built model. The real
+    checkpoint's snapshot when :func:`choose_weights` finds one; else the preset with random
+    bf16 weights (seed 0), saved once per process, so that both load the same way."""
+    import tempfile
+
+    import torch
+
+    choice = choose_weights(preset)
+    if choice.real:
+        return choice.path, choice
+    if preset not in _RANDOM_DIRS:
+        path = Path(tempfile.mkdtemp(prefix=f"gpulab-{preset}-"))
+        torch.manual_seed(0)
+        model = build_model(preset, dtype="bf16", device="cuda" if torch.cuda.is_available() else "cpu")
+        _save_quietly(model, path)
+        del model
+        _RANDOM_DIRS[preset] = path
+    return _RANDOM_DIRS[preset], choice
+
+
+def choice_tokenizer(choice: W.WeightsChoice | None):
+    """The tokenizer that goes with weights ``choice``: the real checkpoint's own, or the
+    shipped one (4096 ids) for random weights and ``None``."""
+    if isinstance(choice, W.WeightsChoice) and choice.real:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(choice.path, local_files_only=True)
+    return shipped_tokenizer()
+
+
+def model_tokenizer(model: Any = None):
+    """The tokenizer that goes with ``model``: its checkpoint's own when :func:`load_model`
+    (or ``utils.training``, ``utils.quantize``) loaded real weights, the shipped one otherwise
+    or for ``None``."""
+    return choice_tokenizer(getattr(model, "gpulab_weights", None))
 
 
 # --------------------------------------------------------------------------- text and tokenizer
@@ -262,18 +332,25 @@ def shipped_tokenizer():
 
 
 def get_tokenizer(preset_or_name: str | None = None, offline: bool | None = None):
-    """The hub tokenizer of a preset or hub id when online; the shipped one otherwise.
+    """The hub tokenizer of a preset or hub id: from the local hub cache when it is there, from
+    the hub when online; the shipped one otherwise and under ``GPULAB_WEIGHTS=random``.
 
-    ``None`` and the smoke presets always give the shipped tokenizer (4096 ids).
+    ``None`` and the smoke presets (without a ``GPULAB_HUB_IDS`` entry) always give the
+    shipped tokenizer (4096 ids).
     """
     if preset_or_name is None:
         return shipped_tokenizer()
     preset = MODEL_PRESETS.get(preset_or_name)
-    hub_id = preset.tokenizer_hub_id if preset else preset_or_name
-    if hub_id is None or is_offline(offline):
+    hub_id = W.hub_id_for(preset_or_name, preset.tokenizer_hub_id if preset else preset_or_name)
+    if hub_id is None or W.weights_mode() == "random":
         return shipped_tokenizer()
     from transformers import AutoTokenizer
 
+    snap = W.cached_snapshot(hub_id)
+    if snap is not None:
+        return AutoTokenizer.from_pretrained(snap, local_files_only=True)
+    if is_offline(offline):
+        return shipped_tokenizer()
     return AutoTokenizer.from_pretrained(hub_id)
 
 

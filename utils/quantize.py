@@ -17,8 +17,11 @@ the bytes of the parameters and buffers. Perplexity is measured on held-out ship
 (the last 10% of the book's tokens). The course's models have random weights, so their
 perplexity is near the vocabulary size and says nothing about language; the *change* from
 the 16-bit model to a quantized one is the quantization error on the same weights, and that
-is what the comparison shows. Every mode loads the same random checkpoint from disk
-(:func:`utils.training._saved_random_model`), as a hub model would load.
+is what the comparison shows. Where the runtime can download the preset's real checkpoint (or
+has it cached: :mod:`utils.weights`), every mode loads that, and perplexity is measured with
+its own tokenizer, so the change is a real model's; otherwise every mode loads the same random
+checkpoint saved to disk. Either way from ``from_pretrained``
+(:func:`utils.models.checkpoint_dir`), as a hub model loads.
 """
 from __future__ import annotations
 
@@ -66,13 +69,13 @@ def load(preset: str, mode: str, device: Any = None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from utils.models import _dtype_kwarg, _torch_dtype
-    from utils.training import _saved_random_model, bitsandbytes_usable
+    from utils.models import _dtype_kwarg, _torch_dtype, checkpoint_dir
+    from utils.training import bitsandbytes_usable
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if mode not in QUANT_MODES + ("bf16", "fp16", "fp32"):
         raise ValueError(f"unknown mode {mode!r}; use bf16, fp16, fp32, int8 or nf4")
-    path = _saved_random_model(preset)
+    path, choice = checkpoint_dir(preset)
     where = {"device_map": {"": device.index or 0}} if device.type == "cuda" else {}
     if mode in QUANT_MODES:
         ok, why = bitsandbytes_usable()
@@ -88,6 +91,7 @@ def load(preset: str, mode: str, device: Any = None):
     else:
         model = AutoModelForCausalLM.from_pretrained(path, **_dtype_kwarg(_torch_dtype(mode)), **where)
         model = model.to(device)
+    model.gpulab_weights = choice
     return model.eval()
 
 
@@ -114,13 +118,14 @@ def measure_weights(preset: str, mode: str, device: Any = None) -> tuple[Any, di
                    "source": "torch.cuda.memory_allocated" if cuda else "parameter and buffer bytes (CPU)"}
 
 
-def held_out_ids(fraction: float = HELD_OUT_FRACTION):
-    """Token ids (shipped tokenizer) of the last ``fraction`` of the shipped book."""
+def held_out_ids(fraction: float = HELD_OUT_FRACTION, tokenizer: Any = None):
+    """Token ids of the last ``fraction`` of the shipped book, in ``tokenizer`` (default: the
+    shipped one; pass the model's own, :func:`utils.models.model_tokenizer`, for real weights)."""
     import torch
 
     from utils.models import encode, load_text, shipped_tokenizer
 
-    ids = encode(shipped_tokenizer(), load_text())
+    ids = encode(tokenizer if tokenizer is not None else shipped_tokenizer(), load_text())
     return torch.tensor(ids[int(len(ids) * (1 - fraction)):], dtype=torch.long)
 
 
@@ -148,12 +153,14 @@ def compare(preset: str, *, prompt_len: int, new_tokens: int, ppl_seq_len: int, 
     and each of ``modes``, one model in memory at a time.
 
     Returns ``{"reference": mode, "skipped": reason or None, "modes": {mode: {...}}, "not_run":
-    {mode: reason}}``; without a usable bitsandbytes only the reference is measured and ``skipped``
-    says why; a mode this GPU cannot run (int8 below compute capability 7.5) is in ``not_run``."""
+    {mode: reason}, "weights": line}``; without a usable bitsandbytes only the reference is
+    measured and ``skipped`` says why; a mode this GPU cannot run (int8 below compute capability
+    7.5) is in ``not_run``; ``weights`` says whether they were real or random, and why."""
     import torch
 
     from utils.decode import eager_path
     from utils.inference import measure_decode
+    from utils.models import checkpoint_dir, choice_tokenizer
     from utils.training import bitsandbytes_usable
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -164,9 +171,11 @@ def compare(preset: str, *, prompt_len: int, new_tokens: int, ppl_seq_len: int, 
     usable = usable_modes(device) if ok else ()
     not_run = {m: "bitsandbytes' LLM.int8() needs compute capability 7.5" for m in modes if ok and m not in usable}
     todo = [ref] + ([m for m in modes if m != ref and m in usable] if ok else [])
-    ids = held_out_ids()
+    _, choice = checkpoint_dir(preset)
+    ids = held_out_ids(tokenizer=choice_tokenizer(choice))
     prompt = ids[:prompt_len][None].to(device)
-    out: dict[str, Any] = {"reference": ref, "skipped": None if len(todo) > 1 else why, "modes": {}, "not_run": not_run}
+    out: dict[str, Any] = {"reference": ref, "skipped": None if len(todo) > 1 else why, "modes": {}, "not_run": not_run,
+                           "weights": choice.line()}
     for mode in todo:
         model, info = measure_weights(preset, mode, device)
         info["perplexity"] = perplexity(model, ids[prompt_len:], ppl_seq_len, ppl_blocks)

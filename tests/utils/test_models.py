@@ -7,6 +7,7 @@ import torch
 
 from utils import flops as F
 from utils import models as M
+from utils import weights as W
 
 TINY = ["gpt2-tiny", "llama-tiny", "qwen-tiny"]
 FULL = ["gpt2-small", "llama-1.1b", "qwen2.5-0.5b"]
@@ -17,7 +18,7 @@ def no_hub_probe(monkeypatch):
     """Fail the test if anything tries to reach the hub."""
     def refuse(*a, **k):
         raise AssertionError("the hub was probed")
-    monkeypatch.setattr(M, "hub_reachable", refuse)
+    monkeypatch.setattr(W, "hub_reachable", refuse)
 
 
 @pytest.mark.parametrize("preset", TINY)
@@ -177,9 +178,9 @@ def test_offline_env_needs_no_network(monkeypatch, no_hub_probe):
 def test_is_offline_falls_back_to_the_probe(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr(M, "hub_reachable", lambda: False)
+    monkeypatch.setattr(W, "hub_reachable", lambda: False)
     assert M.is_offline() is True
-    monkeypatch.setattr(M, "hub_reachable", lambda: True)
+    monkeypatch.setattr(W, "hub_reachable", lambda: True)
     assert M.is_offline() is False
     assert M.is_offline(offline=True) is True
 
@@ -191,38 +192,35 @@ def test_hub_probe_parses_endpoint_without_network(monkeypatch):
         calls.append((address, timeout))
         raise OSError("no network in tests")
 
-    monkeypatch.setattr(M.socket, "create_connection", fake_connect)
+    monkeypatch.setattr(W.socket, "create_connection", fake_connect)
     monkeypatch.setenv("HF_ENDPOINT", "http://mirror.invalid:8080/path")
-    M.hub_reachable.cache_clear()
+    W.hub_reachable.cache_clear()
     try:
         assert M.hub_reachable() is False
     finally:
-        M.hub_reachable.cache_clear()
+        W.hub_reachable.cache_clear()
     assert calls == [(("mirror.invalid", 8080), 2.0)]
 
 
-def test_online_path_loads_from_the_hub_id(monkeypatch):
-    import transformers
+def test_online_path_takes_the_presets_hub_id(monkeypatch, tmp_path):
+    """Online with an empty cache, a full preset asks for its own repository (the download is
+    replaced: tests do not reach the network); a failed one is random weights."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", W.WEIGHTS_VAR, W.HUB_IDS_VAR):
+        monkeypatch.delenv(var, raising=False)
+    asked = []
 
-    seen = {}
+    def no_download(hub_id):
+        asked.append(hub_id)
+        raise OSError("no network in tests")
 
-    def fake_model(hub_id, **kwargs):
-        seen["model"], seen["kwargs"] = hub_id, kwargs
-        return M.build_model("gpt2-tiny")
-
-    def fake_tokenizer(hub_id, **kwargs):
-        seen["tokenizer"] = hub_id
-        return M.shipped_tokenizer()
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)
-    lm = M.load_causal_lm("gpt2-small", dtype="bf16", offline=False)
-    assert lm.weights == "pretrained"
-    assert seen["model"] == seen["tokenizer"] == "openai-community/gpt2"
-    assert seen["kwargs"]["attn_implementation"] == "sdpa"
-    assert torch.bfloat16 in seen["kwargs"].values()
-    # smoke presets have no hub weights: random even online
-    assert M.load_causal_lm("qwen-tiny", offline=False).weights == "random"
+    monkeypatch.setattr(W, "hub_reachable", lambda: True)
+    monkeypatch.setattr(W, "_download", no_download)
+    lm = M.load_causal_lm("gpt2-small", dtype="bf16", device="meta")
+    assert asked == ["openai-community/gpt2"] and lm.weights == "random"
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+    # smoke presets have no hub weights: random even online, and nothing is asked for
+    assert M.load_causal_lm("qwen-tiny", offline=False).weights == "random" and asked == ["openai-community/gpt2"]
 
 
 @pytest.mark.gpu
