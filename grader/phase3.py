@@ -14,6 +14,12 @@ recomputed from its raw fields, the learner's functions applied to the recorded 
 nothing above the card's datasheet, the model's shape from its shipped config. An invented
 but consistent, plausible record passes: the record proves the arithmetic, not the run.
 
+The continuous-batching cell is always graded live: its model is two layers, and the notebook
+ran again on the grading machine. The learner's scheduler runs on traces the notebook does not
+show, on ``utils.paged_batching``'s engine without a model (which checks every step's block
+tables), and must make the notebook's rule's admissions (:func:`records.reference_continuous`);
+its gain over static batching on the notebook's trace is re-measured within a band.
+
 Sizes, device and dtype come from ``utils.env`` here, not from the notebook's variables.
 Hidden tests get this module from ``grader.phase(3)``, with fresh copies of ``checks.py`` and
 ``phase3_records.py`` (``grader/__init__.py``); the record and the checks both modes share
@@ -28,7 +34,7 @@ from grader import checks, remeasure  # grader.phase(3) rebinds these to fresh c
 from grader import phase3_records as records
 
 PHASE = "03_inference_serving"
-EXTRA_MODULES = ("utils.kvcache", "utils.vllm_kv")  # the calculator's reference, beside checks' list
+EXTRA_MODULES = ("utils.kvcache", "utils.vllm_kv", "utils.paged_batching")  # the calculator's reference, beside checks' list
 ATTEMPTS = 3
 
 # (name, layers, kv_heads, head_dim, dtype, batch, context, kv_memory_gib, block_size): public configs' shapes
@@ -286,9 +292,177 @@ def check_quantization(quant, memory_saving, perplexity_change) -> None:
     remeasure.agree(compare, ATTEMPTS)
 
 
-# -- the measurement record -----------------------------------------------------------------------
+# -- 5. continuous batching over a paged KV cache --------------------------------------------------
+
+def _allocator_ok(BlockAllocator) -> None:
+    """Five blocks: five distinct ids in range, then a refusal; freed blocks come back."""
+    a = checks.call(BlockAllocator, 5, name="BlockAllocator")
+    if checks.call(a.num_free, name="BlockAllocator(5).num_free") != 5:
+        raise AssertionError("BlockAllocator(5).num_free() must be 5 before any allocate()")
+    got = [checks.call(a.allocate, name="allocate") for _ in range(5)]
+    if sorted(got) != list(range(5)):
+        raise AssertionError(f"BlockAllocator(5) handed out {got}: five different blocks of 0 .. 4")
+    try:
+        with checks.quiet():
+            extra = a.allocate()
+    except Exception:  # noqa: BLE001 - any exception is a refusal
+        pass
+    else:
+        raise AssertionError(f"allocate() with no free block returned {extra!r}: it must raise (MemoryError)")
+    checks.call(a.free, [got[1], got[3]], name="free")
+    two = checks.call(a.num_free, name="num_free") == 2
+    if not two or sorted(checks.call(a.allocate, name="allocate") for _ in range(2)) != sorted([got[1], got[3]]):
+        raise AssertionError("after free([b1, b2]), num_free() must be 2 and the next two allocate() calls b1 and b2")
 
 
-# -- grading from the record ----------------------------------------------------------------------
+def _audited(engine, trace) -> dict:
+    """The engine's result, after checking its log: each request in consecutive steps from its
+    admission, as many steps as its output tokens."""
+    from utils.paged_batching import ScheduleError
+
+    try:
+        res = engine.result()
+    except ScheduleError as exc:
+        raise AssertionError(str(exc)) from None
+    for r in trace:
+        steps = [e["step"] for e in engine.log if r.rid in e["batch"]]
+        if len(steps) != r.output_len or steps != list(range(steps[0], steps[0] + len(steps))):
+            raise AssertionError(f"request {r.rid} ran in steps {steps[:6]}..., not {r.output_len} consecutive steps")
+    return res
 
 
+def _schedule(BlockAllocator, continuous_batching, trace, sizes: dict, spec) -> dict:
+    """The learner's scheduler on a fresh engine without a model and a fresh allocator: the
+    engine's result, checked; every block free again at the end."""
+    from utils.paged_batching import PagedEngine, ScheduleError
+
+    engine = PagedEngine(None, trace, spec=spec, **sizes)
+    alloc = checks.call(BlockAllocator, sizes["num_blocks"], name="BlockAllocator")
+    try:
+        with checks.quiet():
+            continuous_batching(engine, alloc)
+    except ScheduleError as exc:
+        raise AssertionError(f"the engine refused your schedule: {exc}") from None
+    except MemoryError as exc:
+        raise AssertionError(f"your allocator ran out of blocks at step {engine.now} ({exc}): admit a request only "
+                             "when the pool can finish it") from None
+    except Exception as exc:  # noqa: BLE001 - the learner's error, in one line
+        raise AssertionError(f"continuous_batching raised {type(exc).__name__} at step {engine.now}: {exc}") from None
+    res = _audited(engine, trace)
+    left = checks.call(alloc.num_free, name="num_free")
+    if left != sizes["num_blocks"]:
+        raise AssertionError(f"{sizes['num_blocks'] - left} block(s) not freed at the end: free a request's blocks when "
+                             "it finishes")
+    return res
+
+
+def _rule(trace, sizes: dict, spec) -> dict:
+    from utils.paged_batching import PagedEngine
+
+    engine = PagedEngine(None, trace, spec=spec, **sizes)
+    records.reference_continuous(engine)
+    return engine.result()
+
+
+def _static(trace, sizes: dict, spec) -> dict:
+    from utils.paged_batching import PagedEngine, static_batching
+
+    engine = PagedEngine(None, trace, spec=spec, **sizes)
+    static_batching(engine)
+    return engine.result()
+
+
+def _same_admissions(mine: dict, want: dict, label: str) -> None:
+    if mine["admitted"] != want["admitted"]:
+        step = min(s for s in set(mine["admitted"]) | set(want["admitted"])
+                   if mine["admitted"].get(s) != want["admitted"].get(s))
+        raise AssertionError(f"{label}: at step {step} you admitted requests {mine['admitted'].get(step, [])}, the rule "
+                             f"admits {want['admitted'].get(step, [])} (first come first served, while the batch has "
+                             "room and the free blocks less those the running requests will still take cover the "
+                             "newcomer's whole cache)")
+
+
+def _serve_model_ok(model) -> None:
+    from utils.inference import weight_bytes
+    from utils.models import build_model
+    from utils.paged_batching import MODEL
+
+    if model is None or not hasattr(model, "parameters") or records.precision(model) != "fp32":
+        raise AssertionError(f"SERVE_MODEL must be {MODEL} in fp32, as the locked cell builds it")
+    with checks.quiet():
+        ref = build_model(MODEL, device="meta")
+    if weight_bytes(model) != weight_bytes(ref):
+        raise AssertionError(f"SERVE_MODEL is not {MODEL}")
+
+
+def _runs_ok(cont_run, static_run, throughput_gain, want_c: dict, want_s: dict) -> None:
+    """The notebook's two runs are its scheduler's and static batching's on TRACE, and their
+    numbers follow from their timings."""
+    for label, run, want in (("cont_run", cont_run, want_c), ("static_run", static_run, want_s)):
+        if not isinstance(run, dict) or not {"admitted", "tokens", "time", "tokens_per_s", "busy_steps"} <= set(run):
+            raise AssertionError(f"{label} must be the dict paged_batching.timed_runs returned")
+        _same_admissions(run, want, f"{label} on TRACE")
+        checks.assert_close(run["tokens"], want["tokens"], f"{label}['tokens']", rel=0.0)
+        checks.assert_close(run["busy_steps"], want["busy_steps"], f"{label}['busy_steps']", rel=0.0)
+        med = records.median_ms(run["time"], f"{label}['time']")
+        checks.assert_close(run["tokens_per_s"], run["tokens"] / (med / 1e3),
+                            f"{label}['tokens_per_s'] (tokens over the median run's time)", rel=1e-6)
+    checks.assert_close(throughput_gain, cont_run["tokens_per_s"] / static_run["tokens_per_s"],
+                        "throughput_gain (cont_run's tokens/s over static_run's)", rel=1e-6)
+
+
+def check_batching(BlockAllocator, continuous_batching, pool_blocks, kv_cache_calculator, trace, serve_model,
+                   cont_run, static_run, throughput_gain) -> None:
+    """Always live (the model is tiny, and the notebook ran again on this machine): the
+    allocator; the scheduler on traces the notebook does not show, on an engine without a
+    model: every request its exact tokens, blocks on demand (``ceil(tokens / block_size)``, the
+    engine's check), never more than the pool, none leaked, the rule's admissions, never more
+    steps than static batching; the pool's blocks from the learner's calculator; the
+    notebook's runs its scheduler's and static batching's; the gain in tokens/s re-measured."""
+    import random
+
+    from utils import paged_batching as pb
+
+    checks.say(f"{checks.LIVE} on {checks.device_name()}: your scheduler on traces it has not seen, and its tokens/s "
+               "over static batching re-measured by the grader in this run")
+    untampered()
+    _allocator_ok(BlockAllocator)
+    want_trace = pb.make_trace(**records.BATCH_TRACE)
+    if [tuple(r) for r in trace or ()] != [tuple(r) for r in want_trace]:
+        raise AssertionError("TRACE is not the locked cell's paged_batching.make_trace"
+                             f"({records.BATCH_TRACE['n_requests']}, seed={records.BATCH_TRACE['seed']})")
+    _serve_model_ok(serve_model)
+    spec = pb.kv_spec(serve_model)
+    want_blocks = pb.pool_blocks(serve_model, records.KV_POOL_BYTES)
+    args = (spec.num_layers, spec.num_kv_heads, spec.head_dim, "fp32", 1, 1, records.KV_POOL_BYTES / 2**30, pb.BLOCK_SIZE)
+    records.same_calc(checks.call(kv_cache_calculator, *args, name="kv_cache_calculator"),
+                      records.reference_calculator(*args), f"{args!r}")
+    checks.assert_close(pool_blocks, want_blocks, f"POOL_BLOCKS (your calculator on {records.KV_POOL_BYTES:,} bytes)",
+                        rel=0.0)
+    seed = random.SystemRandom().randrange(1 << 30)
+    traces = records.hidden_traces(seed)
+    for name, tr, sizes in traces:
+        mine = _schedule(BlockAllocator, continuous_batching, tr, sizes, spec)
+        _same_admissions(mine, _rule(tr, sizes, spec), name)
+        if mine["steps"] > _static(tr, sizes, spec)["steps"]:
+            raise AssertionError(f"{name}: continuous batching took {mine['steps']} steps, more than static batching")
+    checks.say(f"  your scheduler follows the rule on {len(traces)} unseen traces (drawn with seed {seed}): every "
+               "request its exact tokens, blocks on demand within the pool, none leaked")
+    nb = {"num_blocks": want_blocks}
+    want_c, want_s = _rule(want_trace, nb, spec), _static(want_trace, nb, spec)
+    _runs_ok(cont_run, static_run, throughput_gain, want_c, want_s)
+
+    def make_engine():
+        return pb.PagedEngine(serve_model, want_trace, num_blocks=want_blocks)
+
+    def compare():
+        with checks.quiet():
+            c = pb.timed_runs(lambda e: continuous_batching(e, BlockAllocator(e.num_blocks)), make_engine, 3)
+            s = pb.timed_runs(pb.static_batching, make_engine, 3)
+        gain = checks.usable(c["tokens_per_s"], "continuous tokens/s", "tokens/s") / checks.usable(
+            s["tokens_per_s"], "static tokens/s", "tokens/s")
+        rel = checks.band(checks.mine(c["time"]), checks.mine(s["time"]), cont_run["time"], static_run["time"])
+        checks.assert_in_band(throughput_gain, gain, rel, "throughput_gain", "x")
+        checks.say_versus("continuous over static batching, tokens/s", gain, throughput_gain, "x", rel)
+
+    remeasure.agree(compare, ATTEMPTS)

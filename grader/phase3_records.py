@@ -250,3 +250,68 @@ def quantization() -> None:
         skipped = modes[ref].extra.get("skipped")
         checks.say(f"  the GPU run measured no quantized model ({skipped}): only its {ref} weights are checked")
     checks.record_ok(", ".join(f"{m} {v:.3g}x smaller" for m, v in savings.items()) or f"{ref} weights")
+
+
+# -- continuous batching: the rule the learner's scheduler follows, and traces it has not seen ------
+
+BATCH_TRACE = {"n_requests": 12, "seed": 4}  # the notebook's trace (utils.paged_batching.make_trace)
+KV_POOL_BYTES = 132_000  # the notebook's KV memory for the serving exercise: 32 blocks of 4 tokens of llama-tiny in fp32
+
+
+def reference_continuous(engine) -> None:
+    """The notebook's rule: retire after every step, then admit the arrived requests first come
+    first served (no skipping) while the batch has room and the free blocks, less those the
+    running requests will still take, cover the newcomer's whole cache; blocks on demand."""
+    bs, free = engine.block_size, list(range(engine.num_blocks))
+    waiting = sorted(engine.trace, key=lambda r: (r.arrival_step, r.rid))
+    running: dict = {}
+
+    def need(r) -> int:
+        return -(-(r.prompt_len + r.output_len - 1) // bs)
+
+    while waiting or running:
+        owed = sum(need(engine.request(rid)) - len(t) for rid, t in running.items())
+        while waiting and waiting[0].arrival_step <= engine.now and len(running) < engine.max_batch \
+                and len(free) - owed >= need(waiting[0]):
+            r = waiting.pop(0)
+            running[r.rid] = []
+            owed += need(r)
+        if not running:
+            engine.wait()
+            continue
+        for rid, t in running.items():
+            while len(t) < -(-(engine.request(rid).prompt_len + engine.generated[rid]) // bs):
+                t.append(free.pop())
+        for rid in engine.step({rid: list(t) for rid, t in running.items()}):
+            free.extend(running.pop(rid))
+
+
+def hidden_traces(seed: int) -> list[tuple[str, list, dict]]:
+    """``(name, trace, engine sizes)``: four drawn with ``seed``, and the corners: one-token
+    answers, an idle gap before a late arrival, a pool that fits one request at a time, prompts
+    that end on a block boundary, more arrivals at once than the batch holds."""
+    import random
+
+    from utils.paged_batching import Request, make_trace
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(4):
+        bs = rng.choice((2, 4, 8))
+        tr = make_trace(rng.randint(6, 14), rng.randrange(1 << 20), output_lens=(1, rng.randint(8, 40)),
+                        per_step=rng.uniform(0.3, 4.0))
+        most = max(-(-(r.prompt_len + r.output_len - 1) // bs) for r in tr)
+        out.append((f"drawn trace {i + 1} (seed {seed})", tr,
+                    {"num_blocks": most + rng.randint(0, 3 * most), "block_size": bs, "max_batch": rng.randint(2, 8)}))
+    out += [
+        ("one-token answers", [Request(i, i // 3, 5 + i, 1) for i in range(7)], {"num_blocks": 8, "block_size": 4, "max_batch": 4}),
+        ("a late arrival after an idle gap", [Request(0, 0, 6, 3), Request(1, 9, 3, 5), Request(2, 9, 9, 2)],
+         {"num_blocks": 12, "block_size": 4, "max_batch": 4}),
+        ("a pool that holds one request at a time", [Request(i, 0, 8, 9) for i in range(4)],
+         {"num_blocks": 4, "block_size": 4, "max_batch": 4}),
+        ("prompts that end on a block boundary", [Request(i, i, 8, 6 - i) for i in range(5)],
+         {"num_blocks": 9, "block_size": 4, "max_batch": 3}),
+        ("more arrivals at once than the batch holds", [Request(i, 0, 3 + i % 5, 2 + (7 * i) % 11) for i in range(12)],
+         {"num_blocks": 60, "block_size": 2, "max_batch": 5}),
+    ]
+    return out

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENT = "03_inference_serving"
 SOURCE = ROOT / "grader" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
-POINTS = {"test_decode": 4, "test_kv_calculator": 3, "test_kv_growth": 3, "test_quantization": 2}
+POINTS = {"test_decode": 4, "test_kv_calculator": 3, "test_kv_growth": 3, "test_batching": 4, "test_quantization": 2}
 FROM_RECORD = ("test_decode", "test_kv_growth", "test_quantization")
 TIMEOUT_S = 900  # per cell: the serving cell starts vLLM's CPU build (50-110 s alone, more beside other kernels)
 
@@ -250,5 +250,5 @@ def test_live_decode_check_catches_a_patched_utils_decode(phase3, monkeypatch):
 # -- release --------------------------------------------------------------------------------------
 
 def test_release_is_current_and_leaks_nothing():
-    markers = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "_p3.check_", "page_bytes")
+    markers = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "_p3.check_", "page_bytes", "allocator.num_free() - owed")
     assert_release_clean(ASSIGNMENT, RELEASE, SOURCE, markers, POINTS)
