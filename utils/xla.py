@@ -20,7 +20,10 @@ name, which makes every count start from zero.
 
 Importing this module sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (unless set): by default
 JAX takes 75% of a GPU's memory at its first use, which would starve PyTorch in the same
-notebook (JAX docs, "GPU memory allocation").
+notebook (JAX docs, "GPU memory allocation"). It also asks XLA's host platform for
+``utils.tpu_pod.HOST_DEVICES`` CPU devices (``XLA_FLAGS``, unless a count is set or JAX has
+started): lab 05 shards over them as over a pod's chips, and the flag is read only when JAX
+starts, which this module's import comes before. JAX's default device stays the first one.
 """
 from __future__ import annotations
 
@@ -34,7 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from utils.tpu_pod import request_host_devices
+
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+request_host_devices()
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 INSTALL_HINT = "pip install jax  (CPU; for a CUDA GPU: pip install 'jax[cuda12]' or 'jax[cuda13]'; Colab TPU has it)"

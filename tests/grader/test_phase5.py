@@ -28,7 +28,8 @@ ASSIGNMENT = "05_hardware_and_cost"
 SOURCE = ROOT / "grader" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
 POINTS = {"test_speedup": 1, "test_points": 2, "test_cost_functions": 2, "test_measured_costs": 2, "test_right_sizing": 3,
-          "test_beyond_gpus": 1, "test_resume": 3, "test_checkpoint_overhead": 2, "test_spot": 2, "test_recompiles": 3, "test_topology": 1}
+          "test_beyond_gpus": 1, "test_resume": 3, "test_checkpoint_overhead": 2, "test_spot": 2, "test_recompiles": 3, "test_topology": 1,
+          "test_pod_sharding": 2, "test_shard_bytes": 2}
 FROM_RECORD = ("test_points", "test_measured_costs", "test_right_sizing", "test_checkpoint_overhead")
 ALWAYS_LIVE = ("test_resume", "test_recompiles")
 # per cell: a bound for a stuck cell, not a budget. The kill-and-resume cells run three training processes on
