@@ -22,6 +22,7 @@ from typing import Any
 from grader import checks, remeasure
 from grader import phase0_records as records
 from utils import flops
+from utils.step_traffic import count_bytes
 from utils.units import gb_per_s, tflop_per_s
 
 PHASE = "00_foundations"
@@ -323,9 +324,10 @@ def check_training(tokens_per_s, train, monitor, train_step, x, y) -> None:
 # -- 5. what limits the step ----------------------------------------------------------------
 
 def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_time, small_time, train_step, x, y,
-                  small_batch, peak_tflops) -> None:
-    """The batch-size experiment and MFU recomputed from the learner's timings, the scaling
-    within a band of the grader's, the limiter the rule's answer on those numbers."""
+                  small_batch, peak_tflops, step_bytes, step_gbs, bandwidth_share, peak_gbs) -> None:
+    """The batch-size experiment, MFU and the step's bandwidth recomputed from the learner's timings,
+    the step's bytes counted again by the grader, the scaling (and on a CPU both ceilings) within a
+    band of the grader's, the limiter the rule's answer on those numbers."""
     if _begin("the batch-size experiment and MFU") == checks.RECORD:
         return records.limiter()
     checks.assert_untampered()
@@ -353,10 +355,18 @@ def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_ti
         if not any(abs(peak - p) <= 1e-6 * p for p in allowed):
             raise AssertionError(f"TRAIN_PEAK_TFLOPS = {peak}, not the {spec.name} fp32/tf32 datasheet peak {allowed}")
         checks.assert_not_above(mfu, 1.0, "mfu", "", "100% of the datasheet peak")
-    expected = flops.step_bound(fixed_share, mfu)
+    with checks.quiet():
+        counted = count_bytes(train_step, x, y).bytes
+    checks.assert_close(step_bytes, counted, "STEP_BYTES (the bytes one step's operations read and write)", rel=1e-3)
+    checks.assert_close(step_gbs, gb_per_s(step_bytes, full), "step_gbs (STEP_BYTES over full_time)", rel=1e-3)
+    bw = checks.assert_positive(peak_gbs, "TRAIN_PEAK_GBS")
+    checks.assert_close(bandwidth_share, step_gbs / bw, "bandwidth_share (step_gbs / TRAIN_PEAK_GBS)", rel=1e-3)
+    if device == "cuda" and spec and spec.bandwidth_gbs:
+        checks.assert_close(bw, spec.bandwidth_gbs, f"TRAIN_PEAK_GBS (the {spec.name} datasheet bandwidth)")
+    expected = flops.step_bound(fixed_share, mfu, bandwidth_share)
     if limiter != expected:
-        raise AssertionError(f"LIMITER = {limiter!r}, but your numbers (fixed_share {fixed_share:.2f}, mfu {mfu:.2f}) "
-                             f"give {expected!r} by the rule in the text")
+        raise AssertionError(f"LIMITER = {limiter!r}, but your numbers (fixed_share {fixed_share:.2f}, mfu {mfu:.2f}, "
+                             f"bandwidth_share {bandwidth_share:.2f}) give {expected!r} by the rule in the text")
 
     def compare():
         ref_full = checks.timed(train_step, x, y, warmup=1, max_runs=10, budget_s=5.0)
@@ -364,9 +374,121 @@ def check_limiter(limiter, batch_scaling, fixed_share, step_tflops, mfu, full_ti
         ref_r = flops.batch_scaling(batch, ref_full.median_ms, small_batch, ref_small.median_ms)
         rel = checks.band(ref_full, ref_small, full_time, small_time)
         checks.assert_in_band(batch_scaling, ref_r, rel, "batch_scaling", "x")
-        if device != "cuda":  # no datasheet on a CPU: the peak must be a matmul measured here
+        if device != "cuda":  # no datasheet on a CPU: the ceilings must be a matmul and a copy measured here
             ref_peak = remeasure.matmul(sizes.matmul_n, setting()[2], device)
             checks.assert_in_band(peak, ref_peak["tflops"], checks.band(ref_peak["time"]), "TRAIN_PEAK_TFLOPS", "TFLOP/s")
+            ref_bw = measure_memory(sizes.elementwise_numel, device)
+            checks.assert_in_band(bw, ref_bw["copy_gbs"], checks.band(ref_bw["copy_time"]), "TRAIN_PEAK_GBS", "GB/s")
         checks.say_versus("batch scaling", ref_r, batch_scaling, "x", rel)
+
+    remeasure.agree(compare, ATTEMPTS)
+
+
+# -- 6. the matmul sweep: tiles, waves and the most this device reaches -----------------------
+
+# shapes and SM counts the notebook does not show: cards from 7 to 142 SMs, outputs one wave
+# exactly, one tile past it and half a wave; tiles cut by multiples of 64, 8 and odd sizes; useful
+# fractions on both sides of the 0.8 threshold; k alone misaligned; fp32 (4 bytes) as well as 16-bit
+QUANT_CASES = (
+    (128 * 108, 128, 4096, 108, 2), (128 * 109, 128, 4096, 108, 2), (128 * 54, 128, 4096, 108, 2),
+    (128 * 114, 256, 2048, 114, 2), (128 * 115, 256, 2048, 114, 2), (128 * 142 * 3, 128, 1024, 142, 2),
+    (4096, 4160, 4096, 56, 2), (4096, 4104, 4096, 56, 2), (6000, 6000, 6000, 58, 2), (4096, 4096, 4100, 80, 2),
+    (4096, 4096, 4100, 80, 4), (4100, 4096, 4096, 80, 4), (4097, 4096, 4096, 80, 4), (1024, 1024, 1024, 7, 2),
+    (1000, 1000, 1000, 7, 2), (896, 1152, 512, 72, 2), (640, 640, 640, 40, 4), (128 * 40 + 64, 128, 512, 40, 2),
+    (2048, 9000, 1024, 142, 2), (24, 40, 8, 1, 2),
+)
+
+
+def check_quantization(quantization, predict_slow) -> None:
+    """Pure, always live: the learner's ``quantization(m, n, sm_count)`` gives the tiles, waves and
+    useful fraction of ``utils.matmul_sweep``, and ``predict_slow(m, n, k, sm_count, dtype_bytes)``
+    its rule, on :data:`QUANT_CASES`."""
+    from utils import matmul_sweep as ms
+
+    checks.say("quantization and predict_slow against the tile and wave arithmetic on shapes the notebook does not show")
+    for m, n, k, sms, nbytes in QUANT_CASES:
+        want = ms.quantization(m, n, k, sms, nbytes)
+        got = checks.call(quantization, m, n, sms, name="quantization")
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise AssertionError(f"quantization({m}, {n}, {sms}) must return (tiles, waves, useful_fraction), got {got!r:.80}")
+        tiles, waves, frac = (checks.as_number(v, f"quantization({m}, {n}, {sms})") for v in got)
+        if (tiles, waves) != (want.tiles, want.waves):
+            raise AssertionError(f"quantization({m}, {n}, {sms}) gives {tiles:g} tiles in {waves:g} waves, "
+                                 f"expected {want.tiles} tiles in {want.waves} waves (128 x 128 tiles)")
+        checks.assert_close(frac, want.useful_fraction, f"quantization({m}, {n}, {sms}) useful fraction", rel=1e-9)
+        slow = checks.call(predict_slow, m, n, k, sms, nbytes, name="predict_slow")
+        if type(slow).__name__ not in ("bool", "bool_") or bool(slow) != want.slow:
+            raise AssertionError(f"predict_slow({m}, {n}, {k}, {sms}, {nbytes}) = {slow!r:.40}, expected {want.slow} "
+                                 f"(useful fraction {want.useful_fraction:.3f}, aligned {want.aligned})")
+
+
+def hidden_shapes(shapes: dict) -> list[tuple[int, int, int]]:
+    """The shape the learner's ``time_matmul`` is run on again, not among the sweep's: a rectangle
+    near the sweep's square side, its three dimensions different (one timing, so that a loaded
+    machine has one chance to spoil it, not two)."""
+    s = shapes["square, multiple of 128"][0]
+    return [(s + 64, s // 2, s)]
+
+
+def time_shape(m: int, n: int, k: int, dtype, device) -> dict:
+    """The grader's own timing of an ``(m x k) @ (k x n)`` matmul and its TFLOP/s."""
+    import torch
+
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    t = checks.timed(lambda: a @ b)
+    return {"time": t, "tflops": tflop_per_s(2 * m * n * k, t.median_ms)}
+
+
+def check_sweep(time_matmul, sweep_time, sweep_tflops, max_tflops, shapes, sm_count, achieved_tflops) -> None:
+    """The setup's shapes and this device's SM count; every rate from its timing through the
+    learner's ``achieved_tflops``; ``MAX_ACHIEVABLE_TFLOPS`` the fastest; below the datasheet peak;
+    the best shape re-timed by the grader and the learner's ``time_matmul`` run again on a shape
+    the notebook does not sweep, each within a band of the grader's timing."""
+    if _begin("the matmul sweep") == checks.RECORD:
+        return records.sweep(achieved_tflops)
+    checks.assert_untampered()
+    from utils import matmul_sweep as ms
+    from utils.env import device_tier
+
+    _, device, dtype = setting()
+    sms = ms.sm_count()
+    want = ms.sweep_shapes(sms, device_tier())
+    checks.assert_close(sm_count, sms, "SM_COUNT (this device's multi_processor_count)")
+    if not isinstance(shapes, dict) or {k: tuple(v) for k, v in shapes.items()} != want:
+        raise AssertionError(f"SWEEP_SHAPES is not the setup cell's sweep for {sms} SMs: {want}")
+    for name, d in (("sweep_time", sweep_time), ("sweep_tflops", sweep_tflops)):
+        if not isinstance(d, dict) or set(d) != set(want):
+            raise AssertionError(f"{name} must be a dict with one entry per label of SWEEP_SHAPES")
+    rates = {}
+    for label, (m, n, k) in want.items():
+        med = checks.median(sweep_time[label], f"sweep_time[{label!r}]")
+        with checks.quiet():
+            mine = achieved_tflops(float(2 * m * n * k), med)
+        checks.assert_close(mine, tflop_per_s(2 * m * n * k, med), f"achieved_tflops on {label} ({m} x {n} x {k})", rel=1e-3)
+        checks.assert_close(sweep_tflops[label], mine, f"sweep_tflops[{label!r}] (from its sweep_time)", rel=1e-3)
+        rates[label] = mine
+    best_label, best_tflops = ms.best(rates)
+    checks.assert_close(max_tflops, best_tflops, f"MAX_ACHIEVABLE_TFLOPS (the fastest shape, {best_label})", rel=1e-3)
+    spec = remeasure.gpu_spec()
+    if device == "cuda":
+        checks.assert_not_above(max_tflops, spec and spec.peak_tflops(checks.dtype_name(dtype)), "MAX_ACHIEVABLE_TFLOPS",
+                                "TFLOP/s", f"the {spec.name if spec else 'GPU'} datasheet peak")
+    else:
+        checks.assert_not_above(max_tflops, CPU_TFLOPS_CAP, "MAX_ACHIEVABLE_TFLOPS", "TFLOP/s", "what any CPU can do (an estimate)")
+
+    def compare():
+        m, n, k = want[best_label]
+        ref = time_shape(m, n, k, dtype, device)
+        rel = checks.band(ref["time"], sweep_time[best_label])
+        checks.assert_in_band(max_tflops, ref["tflops"], rel, "MAX_ACHIEVABLE_TFLOPS", "TFLOP/s")
+        checks.say_versus(f"the best shape, {best_label} ({m} x {n} x {k})", ref["tflops"], max_tflops, "TFLOP/s", rel)
+        for m, n, k in hidden_shapes(want):
+            theirs = checks.call(time_matmul, m, n, k, name="time_matmul")
+            yours = tflop_per_s(2 * m * n * k, checks.median(theirs, f"time_matmul({m}, {n}, {k})"))
+            ref = time_shape(m, n, k, dtype, device)
+            rel = checks.band(ref["time"], theirs)
+            checks.assert_in_band(yours, ref["tflops"], rel, f"time_matmul({m}, {n}, {k}) as TFLOP/s", "TFLOP/s")
+            checks.say_versus(f"time_matmul({m}, {n}, {k})", ref["tflops"], yours, "TFLOP/s", rel)
 
     remeasure.agree(compare, ATTEMPTS)

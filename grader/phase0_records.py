@@ -88,7 +88,8 @@ _NEEDED = ("MATMUL_DTYPE", "n", "matmul_time", "matmul_flops", "matmul_bytes", "
            "ew_time", "ew_flops", "ew_bytes", "ew_gbs", "ew_tflops", "tiny_time", "tiny_flops", "tiny_bytes", "tiny_tflops",
            "thin_time", "thin_flops", "thin_bytes", "thin_tflops", "placements", "train", "tokens_per_s", "monitor", "SIZES", "TOKENS_PER_STEP", "FLOPS_PER_TOKEN",
            "TRAIN_PEAK_TFLOPS", "full_time", "small_time", "small_batch", "batch_scaling", "fixed_share",
-           "step_tflops", "mfu", "LIMITER")
+           "step_tflops", "mfu", "LIMITER", "STEP_BYTES", "step_gbs", "bandwidth_share", "TRAIN_PEAK_GBS", "SM_COUNT", "SWEEP_SHAPES", "sweep_time", "sweep_tflops",
+           "MAX_ACHIEVABLE_TFLOPS")
 
 
 def save_record(ns: dict, path: str | Path | None = None):
@@ -133,7 +134,16 @@ def save_record(ns: dict, path: str | Path | None = None):
             step_tflops=g["step_tflops"], peak_tflops=g["TRAIN_PEAK_TFLOPS"], flops_per_token=g["FLOPS_PER_TOKEN"],
             batch_size=g["SIZES"].batch_size, small_batch=g["small_batch"], full_median_ms=g["full_time"].median_ms,
             small_median_ms=g["small_time"].median_ms, batch_scaling=g["batch_scaling"], fixed_share=g["fixed_share"],
-            limiter=g["LIMITER"])
+            step_bytes=g["STEP_BYTES"], step_gbs=g["step_gbs"], bandwidth_share=g["bandwidth_share"],
+            peak_gbs=g["TRAIN_PEAK_GBS"], limiter=g["LIMITER"])
+    from utils.env import device_tier
+
+    best = max(g["sweep_tflops"], key=g["sweep_tflops"].get)
+    rec.add("sweep_max_tflops", g["MAX_ACHIEVABLE_TFLOPS"], "TFLOP/s", g["sweep_time"][best].method,
+            checks.spread(g["sweep_time"][best]), sm_count=g["SM_COUNT"], tier=device_tier(),
+            dtype=checks.dtype_name(g["MATMUL_DTYPE"]), best=best,
+            rows={label: {"shape": list(shape), "tflops": g["sweep_tflops"][label], **t(g["sweep_time"][label])}
+                  for label, shape in g["SWEEP_SHAPES"].items()})
     rec.save(Path(path) if path else checks.record_path(PHASE, smoke_mode()))
     return rec
 
@@ -142,7 +152,10 @@ def save_record(ns: dict, path: str | Path | None = None):
 
 def _times(rec, name: str) -> float:
     """The recorded median after checking p20 <= median <= p80."""
-    extra = rec.measurements[name].extra
+    return _median(rec.measurements[name].extra, name)
+
+
+def _median(extra: dict, name: str) -> float:
     med = checks.assert_positive(extra.get("median_ms"), f"record {name} median_ms")
     p20 = checks.as_number(extra.get("p20_ms"), f"record {name} p20_ms")
     p80 = checks.as_number(extra.get("p80_ms"), f"record {name} p80_ms")
@@ -239,9 +252,10 @@ def limiter() -> None:
     from utils.models import preset_config
 
     rec, spec = checks.open_record()
-    mfu, step_tf, peak, fpt, bsz, small, full_ms, small_ms, r, share, label = checks.recorded(
+    mfu, step_tf, peak, fpt, bsz, small, full_ms, small_ms, r, share, label, nbytes, gbs, bw_share, peak_gbs = checks.recorded(
         rec, "train_mfu", "step_tflops", "peak_tflops", "flops_per_token", "batch_size", "small_batch",
-        "full_median_ms", "small_median_ms", "batch_scaling", "fixed_share", "limiter")
+        "full_median_ms", "small_median_ms", "batch_scaling", "fixed_share", "limiter", "step_bytes", "step_gbs",
+        "bandwidth_share", "peak_gbs")
     _, seq, model = checks.recorded(rec, "train_tokens_per_s", "seq_len", "model")
     with checks.quiet():
         fpt_model = flops_per_token_from_config(preset_config(str(model)), int(seq))
@@ -255,6 +269,52 @@ def limiter() -> None:
     peaks = [p for p in (spec.fp32_tflops, spec.tf32_tflops) if p]
     if peaks and not any(math.isclose(peak, p, rel_tol=1e-6) for p in peaks):
         raise AssertionError(f"recorded peak_tflops {peak} is not the {spec.name} fp32 or tf32 datasheet peak ({peaks})")
-    if label != step_bound(share, mfu):
-        raise AssertionError(f"recorded limiter {label!r} does not follow from fixed_share {share:.2f} and mfu {mfu:.2f}")
-    checks.record_ok(f"limiter {label!r} (fixed share {share:.2f}, MFU {mfu:.2f})")
+    from utils.flops import non_embedding_params_from_config
+
+    least = 16 * non_embedding_params_from_config(preset_config(str(model)))  # read in forward and backward, grads, AdamW
+    if checks.as_number(nbytes, "recorded step_bytes") < least:
+        raise AssertionError(f"recorded step_bytes {nbytes:.4g} is less than one step must move ({least:.4g}: {model}'s "
+                             f"fp32 weights read twice, their gradients written and the optimizer's update)")
+    checks.assert_close(gbs, gb_per_s(nbytes, full_ms), "recorded step_gbs vs its step_bytes and full_median_ms", rel=1e-3)
+    checks.assert_close(bw_share, gbs / checks.assert_positive(peak_gbs, "recorded peak_gbs"), "recorded bandwidth_share", rel=1e-3)
+    if spec.bandwidth_gbs and not math.isclose(peak_gbs, spec.bandwidth_gbs, rel_tol=1e-6):
+        raise AssertionError(f"recorded peak_gbs {peak_gbs} is not the {spec.name} datasheet bandwidth ({spec.bandwidth_gbs})")
+    if label != step_bound(share, mfu, bw_share):
+        raise AssertionError(f"recorded limiter {label!r} does not follow from fixed_share {share:.2f}, mfu {mfu:.2f} "
+                             f"and bandwidth_share {bw_share:.2f}")
+    checks.record_ok(f"limiter {label!r} (fixed share {share:.2f}, MFU {mfu:.2f}, bandwidth share {bw_share:.2f})")
+
+
+def sweep(achieved_tflops) -> None:
+    """The recorded sweep: its SM count the card's, its shapes the setup's for that count and tier,
+    every rate from its shape and median, the best the fastest, below the card's datasheet peak."""
+    from utils import matmul_sweep as ms
+
+    rec, spec = checks.open_record()
+    best_tf, sms, tier, dtype, best, rows = checks.recorded(rec, "sweep_max_tflops", "sm_count", "tier", "dtype", "best", "rows")
+    if spec.name in ms.SM_COUNTS and sms != ms.SM_COUNTS[spec.name]:
+        raise AssertionError(f"record sm_count {sms!r}, but the {spec.name} has {ms.SM_COUNTS[spec.name]} SMs")
+    try:
+        want = ms.sweep_shapes(sms, tier)
+    except (ValueError, TypeError) as exc:
+        raise AssertionError(f"record sweep: {exc}") from None
+    if not isinstance(rows, dict) or {k: tuple(r.get("shape", ())) for k, r in rows.items() if isinstance(r, dict)} != want:
+        raise AssertionError(f"record sweep rows are not the shapes swept on {sms} SMs ({tier}): {want}")
+    rates = {}
+    for label, (m, n, k) in want.items():
+        r = rows[label]
+        med = _median(r, f"sweep {label}")
+        rates[label] = checks.as_number(r.get("tflops"), f"record sweep {label} tflops")
+        checks.assert_close(rates[label], tflop_per_s(2 * m * n * k, med), f"record sweep {label} TFLOP/s vs its shape and median_ms",
+                            rel=1e-3)
+    fastest = max(rates, key=rates.get)
+    if best != fastest:
+        raise AssertionError(f"record sweep best {best!r}, but the fastest row is {fastest!r}")
+    checks.assert_close(best_tf, rates[fastest], "recorded MAX_ACHIEVABLE_TFLOPS vs the fastest row", rel=1e-3)
+    m, n, k = want[fastest]
+    with checks.quiet():
+        checks.assert_close(achieved_tflops(float(2 * m * n * k), rows[fastest]["median_ms"]), best_tf,
+                            "your achieved_tflops on the recorded best shape", rel=1e-3)
+    checks.assert_not_above(best_tf, spec.peak_tflops(checks.dtype_name(dtype)), "recorded MAX_ACHIEVABLE_TFLOPS", "TFLOP/s",
+                            f"the {spec.name} {dtype} datasheet peak")
+    checks.record_ok(f"sweep of {len(want)} shapes on {sms} SMs, best {best_tf:.4g} TFLOP/s ({fastest})")

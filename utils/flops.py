@@ -40,9 +40,10 @@ from utils.units import GB, TFLOP
 
 # Below this fraction of the roofline ceiling a kernel is called overhead-bound (see bound()).
 OVERHEAD_FRACTION = 0.1
-# A training step is overhead-bound above this fixed share, else compute-bound at this MFU or more (step_bound()).
+# A training step is overhead-bound above this fixed share; else limited by the busier unit when that one
+# reaches this share of its ceiling (MFU, or the step's bandwidth over the memory ceiling) (step_bound()).
 OVERHEAD_SHARE = 0.5
-COMPUTE_MFU = 0.4
+BUSY_SHARE = 0.4
 
 
 # --------------------------------------------------------------------------- FLOPs per token
@@ -298,23 +299,31 @@ def fixed_share(batch_scaling: float, full_batch: float, small_batch: float) -> 
     return (batch_scaling - 1) / (full_batch / small_batch - 1)
 
 
-def step_bound(fixed_share: float, mfu: float, overhead_share: float = OVERHEAD_SHARE,
-               compute_mfu: float = COMPUTE_MFU) -> str:
+def step_bound(fixed_share: float, mfu: float, bandwidth_share: float, overhead_share: float = OVERHEAD_SHARE,
+               busy_share: float = BUSY_SHARE) -> str:
     """Which limit applies to a training step: the order of :func:`bound`, on the evidence a
     whole step gives (phase 0, section 5; a course convention, not a law).
 
-    A step has no single arithmetic intensity, so the roofline's two tests are replaced:
+    A step has no single arithmetic intensity, so the roofline's two tests are replaced by
+    measurements of the whole step:
 
     1. ``"overhead"`` when :func:`fixed_share` is above ``overhead_share`` (0.5): more than
        half of the full-batch step does not shrink per token as the batch grows, the cost
        the roofline does not model (launches, Python, the host).
-    2. otherwise ``"compute"`` when MFU (:func:`mfu`) is at least ``compute_mfu`` (0.4), a
-       large share of the compute roof; ``"memory"`` below it (the time goes to elementwise
-       work such as norms, activations and the optimizer update).
+    2. otherwise the busier of the two units, when it reaches ``busy_share`` (0.4) of its
+       ceiling: ``"compute"`` when MFU (:func:`mfu`) is at least ``bandwidth_share``, the
+       step's bandwidth (its operations' bytes, ``utils.step_traffic``, over its time) as a
+       share of the memory ceiling; ``"memory"`` when that share is the larger.
+    3. ``"overhead"`` when neither unit reaches ``busy_share``: the time goes neither to
+       arithmetic nor to moving bytes at speed (small kernels, the gaps between them, the
+       host), which is what the roofline leaves to overhead. Memory is never the verdict by
+       default: a memory-bound step shows a measured bandwidth.
 
     The numbers are taken as measured, without checks, so every input gets a verdict.
     """
-    return _limit(fixed_share > overhead_share, mfu >= compute_mfu)
+    if fixed_share > overhead_share or max(mfu, bandwidth_share) < busy_share:
+        return "overhead"
+    return "compute" if mfu >= bandwidth_share else "memory"
 
 
 # --------------------------------------------------------------------------- the course's three kernels

@@ -78,7 +78,7 @@ def test_a_graded_class_is_what_the_formgrader_lists_and_regrading_keeps_manual_
     assert set(listed) == {"ana", "bo"}
     assert listed["ana"]["needs_manual_grade"] and not listed["bo"]["needs_manual_grade"]
     auto = sum(c["score"] for c in results["ana"]["cells"])
-    assert listed["ana"]["code_score"] == auto == 15 and listed["bo"]["score"] == 0
+    assert listed["ana"]["code_score"] == auto == 20 and listed["bo"]["score"] == 0
     db = f"sqlite:///{course / 'gradebook.db'}"
     with Gradebook(db) as gb:
         assert gb.find_comment("limiter_writeup", A, A, "ana").auto_comment == NOTE
@@ -90,7 +90,7 @@ def test_a_graded_class_is_what_the_formgrader_lists_and_regrading_keeps_manual_
     assert _load(out, course).returncode == 0  # loaded again (a student regraded): the manual grade stays
     with Gradebook(db) as gb:
         assert gb.find_grade("limiter_writeup", A, A, "ana").manual_score == 1.5
-        assert gb.find_submission(A, "ana").score == 16.5
+        assert gb.find_submission(A, "ana").score == 21.5
 
 
 def test_what_is_not_a_graded_class_is_one_line(tmp_path):

@@ -5,7 +5,9 @@ the assertions share it: the reference solution, the untouched release, hostile 
 notebooks, four with one wrong roofline placement each, and two measurement records from a
 "GPU" (one plausible, one invented). Then ``python -m grader check`` and ``release --check``
 run as a self-study reader and CI would. The whole file took 6.7 minutes on the 2-core test
-machine with another job running beside it (``pytest tests/grader/test_phase0.py``).
+machine with another job running beside it (``pytest tests/grader/test_phase0.py``), before the
+matmul sweep's two cells were added; with them, 19.6 minutes there on 2026-12-03 while other jobs
+kept the load average between 8 and 19.
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ from tests.nbcells import src as _src
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "grader" / "source" / "00_foundations" / "00_foundations.ipynb"
 RELEASE = ROOT / "notebooks" / "00_foundations.ipynb"
-PURE = {"test_intensity": 1.0, "test_rates": 2.0, "test_bound": 2.0}
-MEASURED = ("test_matmul", "test_memory", "test_roofline", "test_training", "test_limiter")
+PURE = {"test_intensity": 1.0, "test_rates": 2.0, "test_bound": 2.0, "test_quantization": 2.0}
+MEASURED = ("test_matmul", "test_memory", "test_roofline", "test_training", "test_limiter", "test_sweep")
+AUTO, MANUAL = 20, 4  # automatic points; the two written answers' points
 # one wrong placement a notebook, each kernel once, both rooflines and both wrong labels among them
 # (which: the first or second label other than the right one); tests/grader/test_phase0_roofline.py
 # tries every wrong placement on the check itself
@@ -85,7 +88,7 @@ def gpu_record(invented: bool = False, placements: dict | None = None) -> dict:
     The plausible matmul and copy put the measured ridge (229 FLOP/B) below the thin matmul's
     241 and the datasheet's (295) above it: compute-bound on one roofline, memory-bound on the
     other. ``placements`` (roof -> kernel -> label) replaces the right ones."""
-    from utils.flops import bound, flops_per_token_from_config
+    from utils.flops import bound, flops_per_token_from_config, step_bound
     from utils.models import preset_config
     from utils.record import Record, utils_hash
 
@@ -132,11 +135,36 @@ def gpu_record(invented: bool = False, placements: dict | None = None) -> dict:
     share = (r - 1) / (16 / small - 1)
     step_tf = fpt * tokens_per_step / (full_ms * 1e-3) / 1e12
     mfu = step_tf / 67.0
-    limiter = "overhead" if share > 0.5 else ("compute" if mfu >= 0.4 else "memory")
+    step_bytes = 60e9  # made up: what one gpt2-small step's operations might read and write at batch 16 x 1024
+    step_gbs = step_bytes / (full_ms * 1e-3) / 1e9
+    limiter = step_bound(share, mfu, step_gbs / 3350.0)
     rec.add("train_mfu", mfu, "fraction", "utils.timing.benchmark of train_step", 0.02, step_tflops=step_tf,
             peak_tflops=67.0, flops_per_token=fpt, batch_size=16, small_batch=small, full_median_ms=full_ms,
-            small_median_ms=small_ms, batch_scaling=r, fixed_share=share, limiter=limiter)
+            small_median_ms=small_ms, batch_scaling=r, fixed_share=share, step_bytes=step_bytes, step_gbs=step_gbs,
+            bandwidth_share=step_gbs / 3350.0, peak_gbs=3350.0, limiter=limiter)
+    add_sweep(rec, invented)
     return rec.to_dict()
+
+
+# the sweep's rates in TFLOP/s on the H100 of gpu_record(), made up below its 989 bf16 datasheet peak
+SWEEP_TFLOPS = {"half square": 600.0, "square, multiple of 128": 700.0, "square, multiple of 64": 680.0,
+                "square, odd": 450.0, "one full wave": 500.0, "one tile past a wave": 260.0}
+
+
+def add_sweep(rec, invented: bool = False, sm_count: int = 132, rates: dict | None = None) -> None:
+    """The sweep of an H100 (132 SMs, tier h100) into ``rec``: each row's median follows from its
+    shape and rate; invented, every rate is doubled, the best above the datasheet."""
+    from utils.matmul_sweep import sweep_shapes
+
+    rates = {k: v * (2 if invented else 1) for k, v in (rates or SWEEP_TFLOPS).items()}
+    rows = {}
+    for label, (m, n, k) in sweep_shapes(sm_count, "h100").items():
+        ms = 2 * m * n * k / (rates[label] * 1e9)
+        rows[label] = {"shape": [m, n, k], "tflops": rates[label], "median_ms": ms, "p20_ms": 0.99 * ms, "p80_ms": 1.01 * ms,
+                       "runs": 30}
+    best = max(rates, key=rates.get)
+    rec.add("sweep_max_tflops", rates[best], "TFLOP/s", "cuda_events", 0.02, sm_count=sm_count, tier="h100",
+            dtype="bfloat16", best=best, rows=rows)
 
 
 # -- the batch ------------------------------------------------------------------------------
@@ -232,13 +260,15 @@ def batch(tmp_path_factory):
 def test_reference_scores_full_marks(batch):
     r = batch["results"]["reference"]
     assert r["status"] == "ok"
-    assert r["max_score"] == 17 and r["score"] == r["auto_max_score"] == 15, _messages(r)
+    assert r["max_score"] == AUTO + MANUAL and r["score"] == r["auto_max_score"] == AUTO, _messages(r)
     assert all(c["mode"] == "measured live" for c in r["cells"] if c["cell"] in MEASURED)
     assert len(r["cells"]) >= 6
-    (w,) = [c for c in r["cells"] if c["cell"] == "limiter_writeup"]  # the written answer: the instructor's
-    assert w["mode"] == "manual" and w["needs_manual_grade"] and w["score"] == 0 and w["points"] == 2
-    assert w["message"].startswith("Quoted numbers:"), w
-    assert r["manual_points"] == 2 and batch["rows"]["reference"]["needs_manual_grade"] == "limiter_writeup (2 points)"
+    for name in ("limiter_writeup", "sweep_writeup"):  # the written answers: the instructor's
+        (w,) = [c for c in r["cells"] if c["cell"] == name]
+        assert w["mode"] == "manual" and w["needs_manual_grade"] and w["score"] == 0 and w["points"] == 2
+        assert w["message"].startswith("Quoted numbers:"), w
+    assert r["manual_points"] == MANUAL
+    assert batch["rows"]["reference"]["needs_manual_grade"] == "limiter_writeup (2 points); sweep_writeup (2 points)"
 
 
 def test_release_scores_zero(batch):
@@ -246,6 +276,7 @@ def test_release_scores_zero(batch):
     assert r["status"] == "ok" and r["score"] == 0
     assert all(c["score"] == 0 for c in r["cells"])
     assert _cells(r)["limiter_writeup"]["message"] == "No response: the answer cell is as released."
+    assert _cells(r)["sweep_writeup"]["message"] == "No response: the answer cell is as released."
 
 
 def test_hostile_but_correct_submission_keeps_full_marks(batch):
@@ -280,6 +311,7 @@ def test_rebinding_or_patching_the_grader_in_the_notebook_changes_nothing(batch)
     assert all(scores[c] == 0 for c in ("test_matmul", "test_roofline", "test_limiter")), _messages(r)
     assert "matmul_tflops" in _messages(r)
     assert all(scores[c] == 2 for c in ("test_rates", "test_bound", "test_memory", "test_training")), _messages(r)
+    assert scores["test_quantization"] == 2 and scores["test_sweep"] == 3, _messages(r)
 
 
 def test_the_screen_holds_the_hostile_ones_before_they_run(batch):
@@ -304,7 +336,7 @@ def test_unreadable_notebooks_get_a_status_and_the_batch_goes_on(batch):
     rows = batch["rows"]
     assert "not valid JSON" in rows["not_json"]["status"] and float(rows["not_json"]["score"]) == 0
     assert "no nbgrader cells" in rows["no_metadata"]["status"] and float(rows["no_metadata"]["score"]) == 0
-    assert float(rows["reference"]["score"]) == 15  # graded after the broken ones
+    assert float(rows["reference"]["score"]) == AUTO  # graded after the broken ones
 
 
 def test_a_dead_kernel_does_not_pass(batch):
@@ -363,8 +395,8 @@ def test_check_command_on_reference_and_release(tmp_path):
     assert procs["ref"].returncode == 0, outs["ref"]
     assert procs["rel"].returncode == 1, outs["rel"]
     res = json.loads((tmp_path / "ref.json").read_text())
-    assert res["score"] == res["auto_max_score"] == 15 and res["max_score"] == 17, res
-    assert "2 points of written answers await a manual grade" in outs["ref"][0]
+    assert res["score"] == res["auto_max_score"] == AUTO and res["max_score"] == AUTO + MANUAL, res
+    assert f"{MANUAL} points of written answers await a manual grade" in outs["ref"][0]
     assert "measured live" in outs["ref"][0] and "test_matmul" in outs["ref"][0]
     assert json.loads((tmp_path / "rel.json").read_text())["score"] == 0
 

@@ -14,8 +14,8 @@ from grader.writeups import check, quotes
 from tests.nbcells import writeup_points
 
 ROOT = Path(__file__).resolve().parents[2]
-WRITEUPS = {"00_foundations": "limiter_writeup", "01_single_gpu": "report_writeup", "02_multi_gpu": "scaling_writeup",
-            "04_benchmarking_production": "choice_writeup"}
+WRITEUPS = {"00_foundations": ("limiter_writeup", "sweep_writeup"), "01_single_gpu": ("report_writeup",),
+            "02_multi_gpu": ("scaling_writeup",), "04_benchmarking_production": ("choice_writeup",)}
 
 
 def printed(*lines: str):
@@ -80,13 +80,14 @@ def test_a_writeup_is_checked_against_its_own_sections_output():
 
 
 def test_the_four_labs_have_their_writeups_with_points_and_a_rubric():
-    for lab, grade_id in WRITEUPS.items():
+    for lab, grade_ids in WRITEUPS.items():
         nb = json.loads((ROOT / "notebooks" / f"{lab}.ipynb").read_text())
-        assert writeup_points(nb) == {grade_id: 2}, lab
+        assert writeup_points(nb) == dict.fromkeys(grade_ids, 2), lab
         cells = nb["cells"]
-        i = next(k for k, c in enumerate(cells) if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
-        assert "".join(cells[i]["source"]) == writeups.STUB  # released without the model answer
-        assert "Rubric" in "".join(cells[i - 1]["source"]) and cells[i - 1]["metadata"]["nbgrader"]["locked"]
+        for grade_id in grade_ids:
+            i = next(k for k, c in enumerate(cells) if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+            assert "".join(cells[i]["source"]) == writeups.STUB  # released without the model answer
+            assert "Rubric" in "".join(cells[i - 1]["source"]) and cells[i - 1]["metadata"]["nbgrader"]["locked"]
 
 
 def test_autograde_runs_the_number_check_right_after_nbgraders_own_grades():

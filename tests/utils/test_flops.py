@@ -201,17 +201,23 @@ SHARES = (-0.2, 0.0, 0.25, 0.4999, 0.5, 0.5001, 0.75, 1.0, 1.3)
 MFUS = (0.0, 0.1, 0.3999, 0.4, 0.4001, 0.62, 1.0)
 
 
+BANDWIDTHS = (0.0, 0.1, 0.3999, 0.4, 0.62, 1.3)
+
+
 def test_step_bound_follows_the_documented_order_on_a_grid():
-    """Overhead first (more than half the step is fixed cost), then compute (MFU of 40% or
-    more) against memory: phase 0's rule, which the grader applies through this function."""
-    verdicts = {F.step_bound(s, m) for s in SHARES for m in MFUS}
+    """Overhead first (more than half the step is fixed cost), then the busier unit if it reaches
+    40% of its ceiling (MFU against the bandwidth share), overhead when neither does: phase 0's
+    rule, which the grader applies through this function. Memory is never the default."""
+    verdicts = {F.step_bound(s, m, b) for s in SHARES for m in MFUS for b in BANDWIDTHS}
     assert verdicts == {"overhead", "compute", "memory"}
     for s in SHARES:
         for m in MFUS:
-            want = "overhead" if s > 0.5 else ("compute" if m >= 0.4 else "memory")
-            assert F.step_bound(s, m) == want, (s, m)
-    assert F.step_bound(0.5, 0.4) == "compute" and F.step_bound(0.5001, 0.9) == "overhead"
-    assert F.step_bound(0.2, 0.3999) == "memory"
+            for b in BANDWIDTHS:
+                want = "overhead" if s > 0.5 or max(m, b) < 0.4 else ("compute" if m >= b else "memory")
+                assert F.step_bound(s, m, b) == want, (s, m, b)
+    assert F.step_bound(0.5, 0.4, 0.0) == "compute" and F.step_bound(0.5001, 0.9, 0.0) == "overhead"
+    assert F.step_bound(0.2, 0.3999, 0.1) == "overhead"  # the old default bucket: nothing says memory
+    assert F.step_bound(0.2, 0.1, 0.4) == "memory" and F.step_bound(0.2, 0.5, 0.5) == "compute"
 
 
 class _Time:
@@ -221,8 +227,8 @@ class _Time:
 
 def test_batch_experiment_is_the_notebooks_solution_on_a_grid():
     """The phase 0 solution cell run on a grid of step times and peaks: its batch_scaling,
-    fixed_share and LIMITER are exactly :func:`batch_scaling`, :func:`fixed_share` and
-    :func:`step_bound` of the same numbers."""
+    fixed_share, bandwidth share and LIMITER are exactly :func:`batch_scaling`, :func:`fixed_share`,
+    the step's bytes over its time and :func:`step_bound` of the same numbers."""
     code = compile(_solution("limiter_answer"), "limiter_answer", "exec")
     batch, seq, fpt = 16, 256, 1.2e9
     for small in (1, 4):
@@ -234,14 +240,18 @@ def test_batch_experiment_is_the_notebooks_solution_on_a_grid():
                           "train_step": None, "xb": list(range(batch)), "yb": list(range(batch)),
                           "SIZES": type("S", (), {"batch_size": batch}), "small_batch": small,
                           "FLOPS_PER_TOKEN": fpt, "TOKENS_PER_STEP": batch * seq, "TRAIN_PEAK_TFLOPS": peak,
-                          "achieved_tflops": lambda fl, ms: fl / (ms * 1e-3) / 1e12}
+                          "STEP_BYTES": 2e10, "TRAIN_PEAK_GBS": 2000.0,
+                          "achieved_tflops": lambda fl, ms: fl / (ms * 1e-3) / 1e12,
+                          "achieved_bandwidth_gbs": lambda by, ms: by / (ms * 1e-3) / 1e9}
                     exec(code, ns)  # noqa: S102
                     r = F.batch_scaling(batch, full_ms, small, small_ms)
                     share = F.fixed_share(r, batch, small)
                     mfu = F.mfu_from_throughput(batch * seq / (full_ms * 1e-3), fpt, peak)
                     assert ns["batch_scaling"] == r and ns["fixed_share"] == share
                     assert ns["mfu"] == pytest.approx(mfu, rel=1e-12)
-                    assert ns["LIMITER"] == F.step_bound(share, ns["mfu"])
+                    bw_share = 2e10 / (full_ms * 1e-3) / 1e9 / 2000.0
+                    assert ns["bandwidth_share"] == pytest.approx(bw_share, rel=1e-12)
+                    assert ns["LIMITER"] == F.step_bound(share, ns["mfu"], ns["bandwidth_share"])
 
 
 def test_fixed_share_of_a_fixed_plus_linear_step():
