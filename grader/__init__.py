@@ -50,10 +50,16 @@ class _FixedPaths(types.ModuleType):
         super().__delattr__(name)
 
 
+# Checks of a phase kept in a file of their own, loaded with it: phase(2).kernels is phase2_kernels.py
+EXTRA_MODULES = {2: {"kernels": "phase2_kernels"}}
+
+
 def _fresh_loader(root: Path):
     """:func:`phase`, reading its files from ``root`` (held in the closure: a notebook can
     write this package's ``__dict__``, not a closure cell)."""
     import importlib.util
+
+    extra = {n: dict(m) for n, m in EXTRA_MODULES.items()}  # copied into the closure, as root is
 
     def fresh(name: str, **wiring: types.ModuleType) -> types.ModuleType:
         spec = importlib.util.spec_from_file_location(f"_gpulab_fresh_{name}", root / f"{name}.py")
@@ -66,14 +72,17 @@ def _fresh_loader(root: Path):
     def phase(number: int) -> types.ModuleType:
         """Phase ``number``'s checks (``grader/phaseN.py``), freshly loaded with fresh copies
         of ``checks``, ``phaseN_records`` and ``remeasure`` as its ``checks``, ``records``
-        and ``remeasure``."""
+        and ``remeasure``, and the phase's further check files (:data:`EXTRA_MODULES`) as attributes."""
         if type(number) is not int or not 0 <= number <= 5:
             raise ValueError(f"phase must be 0 to 5, got {number!r}")
         tamper = fresh("tamper")
         checks = fresh("checks", tamper=tamper)
         remeasure = fresh("remeasure", checks=checks)
         records = fresh(f"phase{number}_records", checks=checks)
-        return fresh(f"phase{number}", checks=checks, records=records, remeasure=remeasure)
+        mod = fresh(f"phase{number}", checks=checks, records=records, remeasure=remeasure)
+        for attr, name in extra.get(number, {}).items():  # a phase's further checks, as phase(N).<attr>
+            setattr(mod, attr, fresh(name, checks=checks, remeasure=remeasure))
+        return mod
 
     return phase
 

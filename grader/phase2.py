@@ -22,8 +22,8 @@ from grader import checks, remeasure  # grader.phase(2) rebinds these to fresh c
 from grader import phase2_records as records
 
 PHASE = "02_multi_gpu"
-EXTRA_MODULES = ("utils.launch", "utils.model_shapes", "utils.scaling_breaks")  # the runs and the 70B shape
-CONSTANT_MODULES = ("utils.scaling_breaks",)  # names and a threshold the grading rule reads
+EXTRA_MODULES = ("utils.launch", "utils.model_shapes", "utils.scaling_breaks", "utils.grad_sync")  # runs, 70B shape, sync rules
+CONSTANT_MODULES = ("utils.scaling_breaks", "utils.grad_sync")  # names and thresholds the grading rules read
 STAGES = ("ddp", "zero1", "zero2", "zero3")
 GPU_MEMORY_GB = 80  # the 70B exercise: 80 GB cards (H100/A100 80GB)
 WEIGHT_SHARE = 0.8  # rule of thumb: weights may take 80% of the card, the rest is KV cache/activations/workspace
@@ -32,6 +32,7 @@ TP_DEGREES = (1, 2, 4, 8)  # tensor parallelism stays inside one 8-GPU node (NVL
 # GPU (clocks, NCCL's ring setup); CPU processes share two cores with the notebook and the grader
 FRACTION_BAND = {"gpu": 0.12, "cpu": 0.5}
 ATTEMPTS = 2  # a re-measurement outside the band is taken once more (each one is several launches)
+SYNC_SEED = 7  # the grader's gradient-sync run: other weights and batches than the notebook's seed 0
 REL = 1e-9  # pure arithmetic: the same formula up to operation order
 
 
@@ -224,6 +225,104 @@ def check_explanation(explanation, scaling_efficiency, comm_share, breaks) -> No
         raise AssertionError("BREAKS must hold at least one run (section 4)")
     cause = records.explanation_ok(explanation, eff, share, breaks)
     checks.say(f"  efficiency {eff:.3f}, exposed communication {share:.3f}: {cause!r}, as the rule gives")
+
+
+# -- 2b. gradient synchronization by hand -----------------------------------------------------------
+
+def _sync_launch(p, fns, **kwargs) -> dict:
+    """The grader's run of the learner's three versions; an error in their code is theirs
+    (AssertionError), any other failed launch the grader's (:class:`checks.Unusable`)."""
+    from utils.launch import run_grad_sync
+
+    try:
+        with checks.quiet():
+            return run_grad_sync(p, *fns, "grader_grad_sync", verbose=False, **kwargs)
+    except ValueError as exc:
+        raise AssertionError(f"the sync functions cannot be run: {exc}") from None
+    except RuntimeError as exc:
+        line = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        if "grad_sync.py: error: your " in line:
+            raise AssertionError(line.split("grad_sync.py: error: ", 1)[1].split("; full log")[0]) from None
+        raise checks.Unusable(f"the grader's own run failed: {line}") from None
+
+
+def check_grad_sync(sync_each, sync_bucketed, overlapped, sync) -> None:
+    """Always live, on CPU processes where there is no GPU: the learner's run (``SYNC``) is the
+    plan's and shows every version equal to DDP's gradients and of its kind; then the grader runs
+    the three versions itself with other weights and batches, and ``sync_bucketed`` at a second
+    bucket size too: every gradient must equal DDP's again (:func:`utils.grad_sync.version_problems`)."""
+    from utils.grad_sync import sizes
+
+    p = _grader_plan()
+    checks.say(f"{checks.LIVE} on {_where(p)}: your gradient synchronization against DDP's gradients, run again by the "
+               "grader with other weights, batches and a second bucket size")
+    untampered()
+    s = sizes(p.tier)
+    records.sync_run_ok(sync, "SYNC", s, p.backend, p.nproc)
+
+    def compare():
+        ref = _sync_launch(p, (sync_each, sync_bucketed, overlapped), seed=SYNC_SEED, check_bucket_mb=s.check_bucket_mb)
+        records.sync_versions_ok(ref, f"the grader's run (seed {SYNC_SEED}, buckets of {s.bucket_mb:g} and "
+                                      f"{s.check_bucket_mb:g} MB)")
+        checks.say("  " + ", ".join(f"{v}: worst relative difference {g['worst_rel_err']:.2g} over {g['steps_checked']} steps"
+                                    for v, g in ref["grads"].items()))
+
+    try:
+        remeasure.agree(compare, 1)  # a wrong gradient is wrong every time: only a failed launch is tried again
+    finally:
+        shutil.rmtree(p.work, ignore_errors=True)
+
+
+def check_sync_speed(sync_each, sync_bucketed, overlapped, sync, vs_ddp) -> None:
+    """``SYNC_VS_DDP`` is each version's speed over DDP's in ``SYNC`` (DDP's median step over its
+    own), and within a band of the grader's own run of the same versions. From a record: the
+    recorded run checked the same way, not re-run."""
+    from utils.grad_sync import LEARNER_VERSIONS, exposed_share, sizes
+    from utils.grad_sync import vs_ddp as ref_vs_ddp
+
+    p = _grader_plan()
+    if _begin("your versions' speed against DDP", p) == checks.RECORD:
+        return records.sync_speed_record()
+    untampered()
+    s = sizes(p.tier)
+    records.sync_run_ok(sync, "SYNC", s, p.backend, p.nproc)
+    mine = records.sync_vs_ddp_ok(vs_ddp, sync)
+    band = FRACTION_BAND[p.kind]
+
+    def compare():
+        ref = _sync_launch(p, (sync_each, sync_bucketed, overlapped))
+        records.sync_versions_ok(ref, "the grader's run")
+        want = ref_vs_ddp(ref)
+        t = ref["versions"]
+        for v in LEARNER_VERSIONS:
+            rel = checks.band(checks.mine(checks.Times(t[v])), checks.mine(checks.Times(t["ddp"])), smoke_mode=p.backend == "gloo")
+            checks.say_versus(f"{v} against DDP", want[v], mine[v], "x DDP's speed", rel)
+            checks.assert_in_band(mine[v], checks.usable(want[v], f"{v} against DDP", "x"), rel, f"SYNC_VS_DDP[{v!r}]",
+                                  "x DDP's speed")
+        share, ref_share = exposed_share(sync, "each"), exposed_share(ref, "each")
+        checks.say(f"  exposed communication of the per-parameter step: grader {ref_share:.3f}, yours {share:.3f} "
+                   f"(+-{band:g})")
+        _assert_near(share, ref_share, band, "the per-parameter version's exposed communication share")
+
+    try:
+        remeasure.agree(compare, ATTEMPTS)
+    finally:
+        shutil.rmtree(p.work, ignore_errors=True)
+
+
+def check_sync_explanation(explanation, sync) -> None:
+    """The explanation follows from the learner's measured medians by the notebook's rule
+    (:func:`utils.grad_sync.gap_cause`); the speed cell re-measures those medians."""
+    p = _grader_plan()
+    mode = _begin("your explanation of the gap to DDP against your measured medians", p, False)
+    checks.assert_constants_unchanged(CONSTANT_MODULES)
+    if mode == checks.RECORD:
+        return records.sync_explanation_record()
+    from utils.grad_sync import sizes
+
+    records.sync_run_ok(sync, "SYNC", sizes(p.tier), p.backend, p.nproc, versions=False)
+    cause = records.sync_explanation_ok(explanation, sync)
+    checks.say(f"  {cause!r}, as the rule gives on your medians")
 
 
 # -- 6. model parallelism -------------------------------------------------------------------------

@@ -197,6 +197,111 @@ def explanation_ok(explanation: Any, efficiency: float, comm_share: float, break
     return cause
 
 
+# -- gradient synchronization by hand (benchmarks/grad_sync.py) -------------------------------------
+
+def sync_versions_ok(run: dict, name: str) -> None:
+    """Every learner version's gradients equal DDP's and its all-reduce calls are its kind."""
+    from utils.grad_sync import version_problems
+
+    problems = version_problems(run)
+    if problems:
+        raise AssertionError(f"{name}: " + "; ".join(problems))
+
+
+def sync_run_ok(run: Any, name: str, sizes, backend: str, world: int, *, versions: bool = True) -> dict:
+    """``run`` is a ``benchmarks/grad_sync.py`` result at the tier's sizes (``sizes``:
+    ``utils.grad_sync.SyncSizes``) on ``world`` ranks over ``backend``; its ratios follow from its
+    medians; with ``versions``, every version is right (:func:`sync_versions_ok`)."""
+    from utils.grad_sync import LEARNER_VERSIONS, VERSIONS, exposed_share, vs_ddp
+
+    if not isinstance(run, dict) or run.get("benchmark") != "grad_sync" or not isinstance(run.get("versions"), dict):
+        raise AssertionError(f"{name} must be the dict that launch.run_grad_sync returned (benchmarks/grad_sync.py's JSON)")
+    if run.get("world_size") != world or run.get("backend") != backend:
+        raise AssertionError(f"{name} ran on {run.get('world_size')} ranks over {run.get('backend')!r}; here the runs are "
+                             f"{world} ranks over {backend!r}")
+    cfg = run.get("config") or {}
+    want = {"preset": sizes.preset, "batch": sizes.batch, "seq": sizes.seq, "steps": sizes.steps, "warmup": sizes.warmup,
+            "bucket_mb": sizes.bucket_mb, "dtype": "float32"}
+    wrong = [f"{k}={cfg.get(k)!r} (expected {v!r})" for k, v in want.items() if cfg.get(k) != v]
+    if wrong:
+        raise AssertionError(f"{name} is not the run this cell asks for: {', '.join(wrong)}")
+    for v in VERSIONS:
+        t = run["versions"].get(v) or {}
+        checks.assert_positive(t.get("median_ms"), f"{name} {v} median_ms")
+        if t.get("runs") != sizes.steps:
+            raise AssertionError(f"{name} {v} timed {t.get('runs')} steps, the run asks for {sizes.steps}")
+        checks.assert_close(t["median_ms"], max(t.get("per_rank_median_ms") or [0]), f"{name} {v} median_ms (its slowest "
+                            "rank's)", rel=REL)
+    for v, want_v in vs_ddp(run).items():
+        checks.assert_close((run.get("vs_ddp") or {}).get(v), want_v, f"{name} vs_ddp[{v!r}] (DDP's median over its own)", rel=REL)
+    for v in LEARNER_VERSIONS:
+        checks.assert_close((run.get("exposed_comm_share") or {}).get(v), exposed_share(run, v),
+                            f"{name} exposed_comm_share[{v!r}] (1 - none's median over its own)", rel=REL, abs_tol=1e-12)
+    if versions:
+        sync_versions_ok(run, name)
+    return run
+
+
+def sync_vs_ddp_ok(vs: Any, run: dict) -> dict:
+    """``SYNC_VS_DDP``: each learner version's DDP median over its own median, from ``run``."""
+    from utils.grad_sync import LEARNER_VERSIONS, vs_ddp
+
+    if not isinstance(vs, dict) or set(vs) != set(LEARNER_VERSIONS):
+        raise AssertionError(f"SYNC_VS_DDP must be a dict with exactly the keys {', '.join(LEARNER_VERSIONS)}")
+    want = vs_ddp(run)
+    for v in LEARNER_VERSIONS:
+        checks.assert_close(vs[v], want[v], f"SYNC_VS_DDP[{v!r}] (DDP's median step over {v}'s, from SYNC)", rel=REL)
+    return {v: float(vs[v]) for v in LEARNER_VERSIONS}
+
+
+def sync_explanation_ok(explanation: Any, run: dict) -> str:
+    """``SYNC_EXPLANATION`` is the rule's answer on ``run``'s medians (``utils.grad_sync.explanation``)."""
+    from utils.grad_sync import GAP_CAUSES, LEARNER_VERSIONS
+    from utils.grad_sync import explanation as reference
+
+    want = reference(run)
+    if not isinstance(explanation, dict) or set(explanation) != set(want):
+        raise AssertionError(f"SYNC_EXPLANATION must be a dict with exactly the keys {', '.join(sorted(want))}")
+    checks.as_label(explanation["fastest"], LEARNER_VERSIONS, "SYNC_EXPLANATION['fastest']")
+    if explanation["fastest"] != want["fastest"]:
+        raise AssertionError(f"SYNC_EXPLANATION['fastest'] = {explanation['fastest']!r}, but in SYNC {want['fastest']!r} has "
+                             "the shortest median step")
+    checks.assert_close(explanation["each_comm_share"], want["each_comm_share"], "SYNC_EXPLANATION['each_comm_share'] (1 - "
+                        "none's median over each's)", rel=REL, abs_tol=1e-12)
+    checks.assert_close(explanation["each_vs_ddp"], want["each_vs_ddp"], "SYNC_EXPLANATION['each_vs_ddp'] (DDP's median over "
+                        "each's)", rel=REL)
+    cause = checks.as_label(explanation["cause"], GAP_CAUSES, "SYNC_EXPLANATION['cause']")
+    if cause != want["cause"]:
+        t = {v: run["versions"][v]["median_ms"] for v in ("none", "ddp", "each")}
+        raise AssertionError(f"SYNC_EXPLANATION['cause'] = {cause!r}, but your medians say {want['cause']!r}: each "
+                             f"{t['each']:.4g} ms, DDP {t['ddp']:.4g} ms, no synchronization {t['none']:.4g} ms")
+    return cause
+
+
+def _recorded_sync():
+    rec, _ = checks.open_record()
+    from utils.grad_sync import sizes as sync_sizes
+
+    _record_sizes(rec, "sync_vs_ddp")  # the tier is the record's GPU's
+    m = rec.measurements["sync_vs_ddp"]
+    run, vs, expl = checks.recorded(rec, "sync_vs_ddp", "run", "vs_ddp", "explanation")[1:]
+    sync_run_ok(run, "the recorded gradient-sync run", sync_sizes(m.extra.get("tier")), m.extra.get("backend"),
+                m.extra.get("nproc"))
+    return run, vs, expl
+
+
+def sync_speed_record() -> None:
+    run, vs, _ = _recorded_sync()
+    mine = sync_vs_ddp_ok(vs, run)
+    checks.record_ok("speed against DDP: " + ", ".join(f"{v} {x:.3g}" for v, x in mine.items()))
+
+
+def sync_explanation_record() -> None:
+    run, _, expl = _recorded_sync()
+    cause = sync_explanation_ok(expl, run)
+    checks.record_ok(f"the gap's cause {cause!r} follows from the recorded medians")
+
+
 # -- writing -----------------------------------------------------------------------------------
 
 _RUN_KEYS = ("world_size", "distributed_type", "mixed_precision", "config", "tokens_per_step_per_device",
@@ -214,7 +319,7 @@ def slim_run(run: dict) -> dict:
     return out
 
 
-_NEEDED = ("PLAN", "allreduce", "BUSBW_GBS", "one", "many", "scaling_efficiency", "comm_share", "BREAKS", "EXPLANATION")
+_NEEDED = ("PLAN", "allreduce", "BUSBW_GBS", "SYNC", "SYNC_VS_DDP", "SYNC_EXPLANATION", "one", "many", "scaling_efficiency", "comm_share", "BREAKS", "EXPLANATION")
 
 
 def save_record(ns: dict, path: str | Path | None = None):
@@ -231,6 +336,10 @@ def save_record(ns: dict, path: str | Path | None = None):
     ar = ns["allreduce"]
     rec.add("busbw_gbs", ns["BUSBW_GBS"], "GB/s", "benchmarks/allreduce.py (nccl-tests busbw)", None, rows=ar["results"],
             world_size=ar["world_size"], allreduce_backend=ar["backend"], link=ar.get("link"), dtype=ar.get("dtype"),
+            **setting)
+    sync = {k: v for k, v in ns["SYNC"].items() if k not in ("fingerprint", "file")}
+    rec.add("sync_vs_ddp", ns["SYNC_VS_DDP"]["overlapped"], "fraction", "DDP's median step over the overlapped version's "
+            "(benchmarks/grad_sync.py)", None, run=sync, vs_ddp=ns["SYNC_VS_DDP"], explanation=ns["SYNC_EXPLANATION"],
             **setting)
     rec.add("scaling_efficiency", ns["scaling_efficiency"], "fraction", "per-device tokens/s at N over 1 (accelerate launch)",
             None, one=slim_run(ns["one"]), many=slim_run(ns["many"]), comm_share=ns["comm_share"], **setting)

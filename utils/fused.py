@@ -33,9 +33,12 @@ True in the result). Triton decides interpreter or compiler when ``@triton.jit``
 function: ``triton.jit`` reads ``TRITON_INTERPRET`` (through ``triton.knobs.runtime.interpret``
 in Triton 3.x, ``triton/runtime/jit.py``) and returns an ``InterpretedFunction`` when it is
 1. So this module sets ``TRITON_INTERPRET=1`` at import, before the kernel below is
-defined, and only when torch sees no CUDA device and the variable is unset; it stays set for
-the process (without a GPU every Triton kernel can only run interpreted, and Triton's
-``constexpr_function`` helpers read it again at run time). Without Triton installed the
+defined, when the variable is unset and torch sees no CUDA device, or only GPUs Triton does not
+compile for (compute capability below 7.0, a P100: :func:`_require_capability`); it stays set
+for the process (every Triton kernel decorated afterwards, a learner's too, then runs
+interpreted on CPU tensors, and Triton's ``constexpr_function`` helpers read it again at run
+time). Import this module before decorating a kernel of your own: ``from utils.fused import
+triton, tl``. Without Triton installed the
 module still imports; :func:`bias_gelu` then raises one line saying what to install, and
 :func:`bias_gelu_reference` works as before. CUDA builds of torch bring Triton; for a CPU,
 ``pip install triton`` (requirements-dev.txt pins the version CI uses).
@@ -49,8 +52,16 @@ import torch
 
 from utils.units import gb_per_s
 
-if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
-    os.environ["TRITON_INTERPRET"] = "1"  # before @triton.jit below: that is when Triton reads it
+
+def _no_gpu_for_triton() -> bool:
+    """No CUDA GPU, or none Triton compiles for (compute capability below 7.0: a P100)."""
+    if not torch.cuda.is_available():
+        return True
+    return all(torch.cuda.get_device_capability(i)[0] < 7 for i in range(torch.cuda.device_count()))
+
+
+if "TRITON_INTERPRET" not in os.environ and _no_gpu_for_triton():
+    os.environ["TRITON_INTERPRET"] = "1"  # before @triton.jit below (and the learner's): that is when Triton reads it
 
 try:
     import triton

@@ -266,3 +266,30 @@ def run_post_training(p: Plan, name: str = "post_train_trl", verbose: bool = Tru
     except RuntimeError as exc:
         print(f"skipped: {exc}", flush=True)
         return None
+
+
+def run_grad_sync(p: Plan, sync_each, sync_bucketed, overlapped, name: str = "grad_sync", *, seed: int = 0,
+                  bucket_mb: float | None = None, check_bucket_mb: float | None = None, verbose: bool = True) -> dict:
+    """``torchrun --standalone --nproc_per_node N benchmarks/grad_sync.py`` on the learner's three
+    gradient synchronizations (``utils.grad_sync``: their cell written to ``<work>/<name>_answer.py``)
+    at the plan's tier; returns its JSON (plus ``file``)."""
+    from utils.grad_sync import write_answer_module
+
+    answer = write_answer_module(Path(p.work) / f"{name}_answer.py", sync_each, sync_bucketed, overlapped)
+    out = Path(p.work) / f"{name}.json"
+    args = ["--tier", p.tier, "--seed", str(seed)] + ["--smoke"] * (p.backend == "gloo")
+    for flag, mb in (("--bucket-mb", bucket_mb), ("--check-bucket-mb", check_bucket_mb)):
+        args += [flag, f"{mb:g}"] if mb is not None else []
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(p.nproc),
+           str(REPO / "benchmarks" / "grad_sync.py"), "--answer", str(answer), "--out", str(out), *args]
+    shown = (f"torchrun --standalone --nproc_per_node {p.nproc} benchmarks/grad_sync.py --answer {answer.name} "
+             f"--out {out.name} " + " ".join(args))
+    res = _launch(lambda: cmd, shown, out, launch_env(p), TIMEOUT_S[p.backend], verbose)
+    if verbose:
+        t = res["versions"]
+        print(f"  {'version':<12}{'median ms':>10}{'vs DDP':>8}  gradients", flush=True)
+        for v in ("none", "ddp", *res["learner_versions"]):
+            g = res["grads"].get(v)
+            same = "-" if g is None else ("equal DDP's" if g["match"] else f"DIFFER ({g['worst_param']})")
+            print(f"  {v:<12}{t[v]['median_ms']:>10.2f}{t['ddp']['median_ms'] / t[v]['median_ms']:>8.2f}  {same}", flush=True)
+    return res

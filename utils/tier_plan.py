@@ -27,7 +27,8 @@ T4 7.5, P100 6.0, L4 8.9, A100 8.0, H100 9.0), its memory and its GPU count:
   MMAv1; fallback to FMA for computeCapability < 80") older GPUs fall back to FMA dot
   products, and its maintainers answer sm75 reports with "sm75 is not currently supported. It
   may work at times". So on a T4 compile runs at PyTorch's gate (7.0) without Triton's
-  support, and on a P100 neither compile nor a hand-written Triton kernel runs.
+  support, and on a P100 neither compile nor a compiled Triton kernel runs (``utils.fused`` then runs
+  hand-written kernels under Triton's interpreter on the CPU).
 - **PyTorch's own wheels**: from PyTorch 2.8 its CUDA 12.8 and 12.9 builds carry no Maxwell or
   Pascal kernels (its 2.8.0 release notes: "please utilize CUDA 12.6 instead"; CUDA 13 builds
   start at Turing), and a proposal for 2.15 removes the CUDA 12.6 builds too (pytorch/pytorch,
@@ -308,10 +309,13 @@ def _lab02(card, s, ok, why):
                                           "Kaggle's GPU T4 x2 has two")
         skipped["FSDP runs"] = "they need CUDA GPUs over NCCL"
     if card.gpu and not ok:
-        skipped["fused bias + GELU Triton kernel (bonus)"] = ("Triton does not compile for compute capability "
-                                                             f"{card.capability[0]}.{card.capability[1]}")
+        runs.append("your Triton kernels (bonus) under Triton's interpreter on the CPU: Triton does not compile for "
+                    f"compute capability {card.capability[0]}.{card.capability[1]}, so their results are graded and "
+                    "their speed is not")
     elif card.gpu:
-        runs.append("the fused bias + GELU Triton kernel (bonus)")
+        runs.append("your Triton kernels (bonus), compiled, graded on their results and their speed")
+    else:
+        runs.append("your Triton kernels (bonus) under Triton's interpreter: results graded, speed not")
     note = "the reference runs are eager (Phase2Sizes.compile: a compile costs a minute per launch)"
     return runs, skipped, d, bool(s.compile and ok), note
 

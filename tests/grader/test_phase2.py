@@ -5,14 +5,19 @@ measured cells re-measured live, and the untouched release scores zero. The host
 in this process against ``grader/phase2.py`` loaded as a hidden test loads it, and fail before
 any launch: wrong memory and bandwidth arithmetic, a fabricated efficiency above 1, an edited
 run, an explanation that contradicts the measured numbers, and breaks that are not their
-scenario. Record mode (no GPU here, a GPU record submitted) is checked with a plausible and an
-invented two-H200 record. About two and a half minutes on two cores, nearly all in the batch.
+scenario. The hand-written gradient synchronization: wrong versions (a sum not divided, a
+forgotten bucket, hooks on the matrices only) fail the grader's own launch; speeds, ratios and
+explanations that do not follow from the run fail, before a launch or against the grader's.
+Record mode (no GPU here, a GPU record submitted) is checked with a plausible and an invented
+two-H200 record. The batch and the two tests marked slow launch processes: minutes each on two
+cores, more when other work shares them.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
 import json
+import linecache
 from pathlib import Path
 
 import pytest
@@ -28,9 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENT = "02_multi_gpu"
 SOURCE = ROOT / "grader" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
-POINTS = {"test_memory": 2, "test_busbw": 1, "test_allreduce": 3, "test_scaling": 3, "test_breaks": 2,
-          "test_explanation": 2, "test_parallelism": 2}
-MEASURED = ("test_allreduce", "test_scaling")
+POINTS = {"test_memory": 2, "test_busbw": 1, "test_allreduce": 3, "test_grad_sync": 3, "test_sync_speed": 2,
+          "test_sync_explanation": 2, "test_scaling": 3, "test_breaks": 2,
+          "test_explanation": 2, "test_parallelism": 2, "test_fused_kernel": 2, "test_second_fusion": 1}
+MEASURED = ("test_allreduce", "test_grad_sync", "test_sync_speed", "test_scaling")
 # per cell: a bound for a stuck cell, not a budget. The scaling check launches two training runs (twice, if
 # the first misses the band), and a loaded CI machine makes that several times longer
 # (docs/grading.md#cell-timeouts-from-the-machines-speed)
@@ -251,7 +257,14 @@ def h200_record(tmp_path, *, invented: bool = False) -> dict:
     breaks = {"small_batch": fake_run(s, 2, 150e3, 0.04, backend="nccl", batch_per_device=s.small_batch),
               "p2p_disabled": fake_run(s, 2, 170e3, 0.09, backend="nccl", env={"NCCL_P2P_DISABLE": "1"})}
     eff = many["tokens_per_s_per_device"] / one["tokens_per_s_per_device"]
+    from utils import grad_sync as G
+
+    sync = fake_sync("h100", {"none": 150.0, "ddp": 155.0, "each": 190.0, "bucketed": 160.0, "overlapped": 158.0},
+                     backend="nccl")
+    sync_vs = G.vs_ddp(sync)
     ns = {"PLAN": plan, "allreduce": allreduce, "BUSBW_GBS": busbw, "one": one, "many": many, "scaling_efficiency": eff,
+          "SYNC": sync, "SYNC_VS_DDP": {**sync_vs, "each": 3.0} if invented else sync_vs,
+          "SYNC_EXPLANATION": G.explanation(sync),
           "comm_share": 0.01, "BREAKS": breaks,
           "EXPLANATION": {"efficiency": eff, "exposed_comm_share": 0.01, "dominant_cause": R.reference_cause(eff, 0.01),
                           "worst_break": "p2p_disabled"}}
@@ -268,14 +281,18 @@ def test_plausible_record_passes_every_record_check(phase2, tmp_path, capsys):
     p2.check_scaling(None, None, None, None)
     p2.check_breaks(None)
     p2.check_explanation(None, None, None, None)
+    p2.check_sync_speed(None, None, None, None, None)
+    p2.check_sync_explanation(None, None)
     out = capsys.readouterr().out
-    assert out.count("graded from record") == 4 and "NVIDIA H200" in out and "no GPU" in out
+    assert out.count("graded from record") == 6 and "NVIDIA H200" in out and "no GPU" in out
 
 
-@pytest.mark.parametrize("check, match", [("allreduce", "NVLink 4"), ("scaling", "not physically possible")])
+@pytest.mark.parametrize("check, match", [("allreduce", "NVLink 4"), ("scaling", "not physically possible"),
+                                          ("sync", r"SYNC_VS_DDP\['each'\] .*= 3, expected 0.8")])
 def test_invented_record_is_caught(phase2, tmp_path, check, match):
     p2 = phase2(h200_record(tmp_path, invented=True))
-    calls = {"allreduce": lambda: p2.check_allreduce(None, None), "scaling": lambda: p2.check_scaling(None, None, None, None)}
+    calls = {"allreduce": lambda: p2.check_allreduce(None, None), "scaling": lambda: p2.check_scaling(None, None, None, None),
+             "sync": lambda: p2.check_sync_speed(None, None, None, None, None)}
     with pytest.raises(AssertionError, match=match):
         calls[check]()
 
@@ -297,3 +314,122 @@ def test_record_from_another_utils_or_tier_is_refused(phase2, tmp_path):
 def test_release_is_current_and_leaks_nothing():
     markers = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "_p2.check_", "busiest_stage_layers")
     assert_release_clean(ASSIGNMENT, RELEASE, SOURCE, markers, POINTS)
+
+
+# -- gradient synchronization by hand ---------------------------------------------------------------
+
+def _as_cell(src: str, name: str) -> dict:
+    """``src`` defined as IPython defines a cell: its lines kept in linecache under the code's file name."""
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns: dict = {}
+    exec(compile(src, name, "exec"), ns)  # noqa: S102 (the course's own solution cell, or a wrong version of it)
+    return ns
+
+
+def _sync_cell() -> str:
+    return _src(_cell(json.loads(SOURCE.read_text()), "grad_sync_answer"))
+
+
+def _fns(ns: dict) -> tuple:
+    return ns["sync_each"], ns["sync_bucketed"], ns["OverlappedSync"]
+
+
+def fake_sync(tier: str = "cpu", t: dict | None = None, world: int = 2, backend: str = "gloo") -> dict:
+    """A benchmarks/grad_sync.py result at the tier's sizes, consistent with its medians ``t``, every version right."""
+    from utils import grad_sync as G
+
+    s = G.sizes(tier)
+    t = t or {"none": 100.0, "ddp": 120.0, "each": 200.0, "bucketed": 150.0, "overlapped": 140.0}
+    # gradient tensors, bytes, the largest, bucketed calls: GPT-2 tiny at 0.5 MB buckets, GPT-2 small at 25 MB
+    n, total, largest, buckets = (28, 3_946_496, 2_097_152, 6) if s.preset == "gpt2-tiny" else (148, 497_759_232, 154_389_504, 22)
+    run = {"benchmark": "grad_sync", "world_size": world, "backend": backend,
+           "config": {"preset": s.preset, "batch": s.batch, "seq": s.seq, "steps": s.steps, "warmup": s.warmup, "seed": 0,
+                      "bucket_mb": s.bucket_mb, "check_bucket_mb": None, "dtype": "float32"},
+           "grad_tensors": n, "grad_bytes": total, "largest_grad_bytes": largest,
+           "versions": {v: {"median_ms": ms, "p20_ms": ms, "p80_ms": ms, "runs": s.steps, "per_rank_median_ms": [ms] * world}
+                        for v, ms in t.items()},
+           "grads": {v: {"match": True, "worst_rel_err": 0.0, "worst_param": "", "rank": 0, "steps_checked": 10}
+                     for v in G.LEARNER_VERSIONS},
+           "calls": {"each": {"calls": n, "bytes": total, "max_call_bytes": largest, "in_backward": 0},
+                     "bucketed": {"calls": buckets, "bytes": total, "max_call_bytes": largest, "in_backward": 0},
+                     "overlapped": {"calls": n, "bytes": total, "max_call_bytes": largest, "in_backward": n}},
+           "learner_versions": list(G.LEARNER_VERSIONS)}
+    run["vs_ddp"] = G.vs_ddp(run)
+    run["exposed_comm_share"] = {v: G.exposed_share(run, v) for v in G.LEARNER_VERSIONS}
+    return run
+
+
+# each a kind of wrong synchronization, made from the solution: a sum not divided by the world size, a
+# bucketing that forgets its last (partial) bucket, hooks only on the weight matrices (biases and norms left local)
+WRONG_SYNC = (("            p.grad.div_(ranks)\n", ""),
+              ("    if current:\n        buckets.append(current)\n", ""),
+              ("            if p.requires_grad:", "            if p.requires_grad and p.dim() > 1:"))
+
+
+@pytest.mark.slow
+def test_wrong_gradient_syncs_fail_the_graders_own_run(phase2):
+    src = _sync_cell()
+    for old, new in WRONG_SYNC:
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    p2 = phase2()
+    # the learner's own run made to look right: the grader's run with other weights, batches and buckets still fails
+    with pytest.raises(AssertionError) as err:
+        p2.check_grad_sync(*_fns(_as_cell(src, "<wrong-sync-cell>")), fake_sync())
+    msg = str(err.value)
+    assert "each: gradients differ from DDP's" in msg and "bucketed: gradients differ" in msg, msg
+    assert "bucketed_check: gradients differ" in msg and "overlapped: gradients differ" in msg, msg
+
+
+def test_sync_answers_that_do_not_follow_from_the_run_fail_before_any_launch(phase2):
+    p2, ref = phase2(), _as_cell(_sync_cell(), "<grad_sync_answer-1>")
+    run = fake_sync()
+    vs = dict(run["vs_ddp"])
+    with pytest.raises(AssertionError, match=r"SYNC_VS_DDP\['each'\]"):  # DDP's speed over each's, inverted
+        p2.check_sync_speed(*_fns(ref), run, {**vs, "each": 1 / vs["each"]})
+    with pytest.raises(AssertionError, match="exactly the keys"):
+        p2.check_sync_speed(*_fns(ref), run, {"each": vs["each"]})
+    edited = fake_sync()
+    edited["grads"]["bucketed"].update(match=False, worst_param="transformer.wte.weight", worst_rel_err=0.5)
+    with pytest.raises(AssertionError, match="bucketed: gradients differ"):  # the learner's own run shows a wrong version
+        p2.check_grad_sync(*_fns(ref), edited)
+    with pytest.raises(AssertionError, match="bucket_mb=2.0"):  # a run at another bucket than the plan's
+        small = fake_sync()
+        small["config"]["bucket_mb"] = 2.0
+        p2.check_grad_sync(*_fns(ref), small)
+    with pytest.raises(AssertionError, match="the sync functions cannot be run: pass sync_bucketed itself"):
+        p2.check_grad_sync(ref["sync_each"], ref["sync_each"], ref["OverlappedSync"], run)
+
+
+@pytest.mark.parametrize("t, cause", [({"none": 100.0, "ddp": 120.0, "each": 200.0, "bucketed": 150.0, "overlapped": 140.0},
+                                       "exposed_communication"),
+                                      ({"none": 190.0, "ddp": 120.0, "each": 200.0, "bucketed": 150.0, "overlapped": 160.0},
+                                       "other_overhead"),
+                                      ({"none": 100.0, "ddp": 120.0, "each": 123.0, "bucketed": 126.0, "overlapped": 130.0},
+                                       "as_fast_as_ddp")])
+def test_sync_explanation_must_follow_the_medians(phase2, t, cause):
+    from utils import grad_sync as G
+
+    p2, run = phase2(), fake_sync(t=t)
+    good = G.explanation(run)
+    assert good["cause"] == cause
+    p2.check_sync_explanation(good, run)
+    for wrong in set(G.GAP_CAUSES) - {cause}:
+        with pytest.raises(AssertionError, match=f"your medians say '{cause}'"):
+            p2.check_sync_explanation({**good, "cause": wrong}, run)
+    slowest = max(G.LEARNER_VERSIONS, key=lambda v: t[v])
+    with pytest.raises(AssertionError, match="has the shortest median step"):
+        p2.check_sync_explanation({**good, "fastest": slowest}, run)
+    with pytest.raises(AssertionError, match=r"each_comm_share"):  # the share of DDP's step, not each's
+        p2.check_sync_explanation({**good, "each_comm_share": 1 - t["none"] / t["ddp"]}, run)
+    with pytest.raises(AssertionError, match="must be one of"):
+        p2.check_sync_explanation({**good, "cause": "the network"}, run)
+
+
+@pytest.mark.slow
+def test_sync_speeds_far_from_the_graders_fail(phase2):
+    p2, ref = phase2(), _as_cell(_sync_cell(), "<grad_sync_answer-2>")
+    # a run edited to make the per-parameter version ten times slower against DDP than it is, consistent with itself
+    run = fake_sync(t={"none": 100.0, "ddp": 120.0, "each": 2400.0, "bucketed": 150.0, "overlapped": 140.0})
+    with pytest.raises(AssertionError, match=r"SYNC_VS_DDP\['each'\] = 0.05"):
+        p2.check_sync_speed(*_fns(ref), run, run["vs_ddp"])
