@@ -1,15 +1,16 @@
 """The checks the hidden tests of phase 1 (``01_single_gpu``) run.
 
 Each ``check_*`` grades one measured cell by re-measuring in the same kernel session with the
-grader's own code: the naive loop and the learner's optimized :class:`utils.training.LoopConfig`
-are rebuilt and timed here (``utils.timing`` through :mod:`grader.checks`), the profiler is
+grader's own code: the naive loop is rebuilt, the learner's own optimized loop (a class they
+write) is audited afresh (:mod:`utils.loop_audit`) and both are timed here (``utils.timing``
+through :mod:`grader.checks`), the profiler is
 run again on the naive loop, and LoRA/QLoRA peak memory is measured again. The learner's own
 ``diagnose`` is run on profiles it has not seen, drawn or taken here (``utils.diagnosis_cases``),
 and may not call the course's diagnosis to get its answers. Sizes come from
 ``utils.env``, not from the notebook's variables. Thresholds are ratios measured in the same
 run, so they hold on a T4 and an H200 alike; the minimum speedup is per device tier
 (``Phase1Sizes.min_speedup``: a tensor-core GPU gains more from mixed precision than a T4,
-a CPU in smoke mode nothing).
+a CPU in smoke mode nothing) and never below 1x: the optimized loop may not be slower than the naive one.
 
 Hidden tests get this module from ``grader.phase(1)`` (fresh copies of it, ``checks.py`` and
 ``phase1_records.py``: ``grader/__init__.py``). With no GPU here and a GPU record submitted,
@@ -168,39 +169,76 @@ def check_unseen(diagnose) -> None:
 
 # -- 4. the optimized loop ------------------------------------------------------------------------
 
-def check_optimized(speedup, optimized_tps, baseline_tps, config) -> None:
-    """The learner's config, rebuilt and timed here against the naive loop: at least the tier's
-    speedup, and the learner's reported speedup within a band of the grader's."""
-    if _begin("the optimized loop against the naive one") == checks.RECORD:
-        return records.optimized()
-    checks.assert_untampered()
-    from utils.training import LoopConfig, best_precision, build_loop
+def audit_loop(fast_loop):
+    """A fresh audit of the learner's ``FastLoop`` (``utils.loop_audit``): its exceptions become one line."""
+    from utils.loop_audit import audit
 
     s = sizes()
-    if not isinstance(config, LoopConfig):
-        raise AssertionError("OPTIMIZED must be a training.LoopConfig")
-    if config.seq_len != s.seq_len:
-        raise AssertionError(f"OPTIMIZED.seq_len must stay {s.seq_len}: compare tokens/s at the same sequence length")
-    want = best_precision()
-    if config.precision != want and not (want == "fp32" and config.precision == "bf16"):
-        raise AssertionError(f"OPTIMIZED.precision = {config.precision!r}; on this device use {want!r} "
-                             "(bf16 autocast on Ampere and newer, fp16 with a GradScaler before, fp32 on a CPU)")
+    if not isinstance(fast_loop, type) and not callable(fast_loop):
+        raise AssertionError(f"FastLoop must be your class, got {type(fast_loop).__name__}")
+    try:
+        with checks.quiet():
+            audited = audit(fast_loop, s.model, s.seq_len, s.naive_batch)
+    except AssertionError:
+        raise
+    except Exception as exc:
+        raise AssertionError(f"your FastLoop raised {type(exc).__name__}: {str(exc)[:200]}") from None
+    bad = audited.problems()
+    if bad:
+        raise AssertionError("the grader audited a fresh FastLoop: " + "; ".join(bad))
+    r = audited.report
+    checks.say(f"  your loop, audited: {r['tokens_per_step_claimed']} tokens per step fed to the model, every step "
+               f"updated the weights, {r['host_syncs']} host syncs in {r['steps']} steps "
+               f"({r['reference_host_syncs']} in the course's sync-free loop), fixed-batch loss "
+               f"{r['fixed_loss_before']:.4g} -> {r['fixed_loss_after']:.4g}")
+    return audited
+
+
+def check_optimized(speedup, optimized_tps, baseline_tps, fast_loop, opt_row) -> None:
+    """The learner's ``FastLoop``, audited afresh here (``utils.loop_audit``: the tokens each step
+    feeds the model, weights updated every step, host syncs, the loss falls, the reported loss is
+    the real one), then timed against the naive loop in the same run: at least the tier's speedup
+    and never slower than the naive loop, and the learner's reported speedup within the band of
+    the grader's. With a GPU record the audit still runs here (the notebook's ``FastLoop`` is in
+    this kernel), and the speed is the record's (:func:`grader.phase1_records.optimized`)."""
+    mode = _begin("your optimized loop against the naive one")
+    checks.assert_untampered(records.LOOP_MODULES)
+    checks.assert_constants_unchanged(records.LOOP_MODULES)
     sp = checks.assert_positive(speedup, "speedup")
     checks.assert_close(sp, checks.as_number(optimized_tps, "optimized_tps") / checks.as_number(baseline_tps, "baseline_tps"),
                         "speedup (optimized_tps / baseline_tps)", rel=1e-3)
+    if mode == checks.RECORD:
+        records.optimized()
+        checks.say(f"{checks.LIVE} on {checks.device_name()}: your FastLoop audited again here (its speed is the record's)")
+        audit_loop(fast_loop)
+        return
+    audited = audit_loop(fast_loop)
+    from utils.training import build_loop
+
+    if not isinstance(opt_row, dict) or "tokens_per_s" not in opt_row:
+        raise AssertionError("opt_row must be the dict audited.measure(...) returned")
+    checks.assert_close(optimized_tps, checks.as_number(opt_row["tokens_per_s"], "opt_row['tokens_per_s']"),
+                        "optimized_tps vs opt_row['tokens_per_s']")
+    s = sizes()
+    floor = max(s.min_speedup, records.NEVER_SLOWER)
+    claimed = audited.tokens_per_step
     with checks.quiet():
         naive = build_loop(s.model, _naive_config())
-        fast = build_loop(s.model, config)
 
     def compare():
-        ref_n, ref_f = _time_loop(naive), _time_loop(fast)
-        ref_sp = (fast.tokens_per_step / ref_f.median_ms) / (naive.tokens_per_step / ref_n.median_ms)
+        mark = audited.mark()
+        ref_n, ref_f = _time_loop(naive), _time_loop(audited)
+        fed = audited.tokens_per_call(mark)
+        if fed != claimed:
+            raise AssertionError(f"while the grader timed it, your loop fed the model {fed:.6g} tokens per step, "
+                                 f"not the {claimed} it claims")
+        ref_sp = (fed / ref_f.median_ms) / (naive.tokens_per_step / ref_n.median_ms)
         rel = checks.band(ref_n, ref_f)
-        checks.say(f"  speedup: grader {ref_sp:.3g}x, yours {sp:.3g}x (band +-{100 * rel:.0f}%, "
-                   f"at least {s.min_speedup}x on this tier)")
-        if ref_sp < s.min_speedup:
-            raise AssertionError(f"the grader measured {ref_sp:.3g}x for your OPTIMIZED config, below the "
-                                 f"{s.min_speedup}x this device tier expects")
+        checks.say(f"  speedup: grader {ref_sp:.3g}x, yours {sp:.3g}x (band +-{100 * rel:.0f}%{checks.widened()}, "
+                   f"at least {floor:g}x on this tier)")
+        if ref_sp < floor:
+            raise AssertionError(f"the grader measured your FastLoop at {ref_sp:.3g}x the naive loop's tokens/s, below "
+                                 f"the {floor:g}x this device tier expects")
         checks.assert_in_band(sp, ref_sp, rel, "speedup", "x")
 
     remeasure.agree(compare, ATTEMPTS)

@@ -1,7 +1,7 @@
 """Phase 1's measurement record: what ``01_single_gpu`` writes, and grading from it.
 
 ``save_record`` writes the notebook's headline numbers (baseline and optimized throughput,
-the speedup, LoRA and QLoRA peak memory with their breakdown, the profile of the naive loop
+the speedup, the audit of the learner's optimized loop (``utils.loop_audit``), LoRA and QLoRA peak memory with their breakdown, the profile of the naive loop
 with the learner's diagnosis of it) with the machine's fingerprint and the ``utils`` hash
 (``utils.record``). On a grading machine without a GPU the measured
 cells of :mod:`grader.phase1` grade a GPU record instead of re-measuring (docs/grading.md):
@@ -21,9 +21,11 @@ from grader import checks  # grader.phase(1) rebinds it to a fresh copy
 
 PHASE = "01_single_gpu"
 QLORA_RATIO = 0.7  # graded on a GPU with bitsandbytes: 4-bit peak <= 0.7 x the lean bf16 LoRA peak
-_NEEDED = ("baseline_tps", "optimized_tps", "speedup", "lora_peak_gib", "qlora_peak_gib", "OPTIMIZED", "lora", "qlora",
-           "profile", "BOTTLENECK", "FIRST_FIX")
+NEVER_SLOWER = 1.0  # the optimized loop's speedup over the naive loop, at least, on every tier (smoke mode too)
+_NEEDED = ("baseline_tps", "optimized_tps", "speedup", "lora_peak_gib", "qlora_peak_gib", "audited", "opt_row", "lora",
+           "qlora", "profile", "BOTTLENECK", "FIRST_FIX")
 CASE_MODULES = ("utils.diagnosis_cases",)  # the unseen loops, tamper-checked beside grader.tamper.UTILS_MODULES
+LOOP_MODULES = ("utils.loop_audit",)  # the audit of the learner's loop, likewise
 # The LoopConfig switch (utils.training) to change first for each verdict, as the notebook's table
 # gives it; None where no switch of the loop addresses it.
 FIRST_FIXES = {
@@ -114,6 +116,7 @@ def save_record(ns: dict, path: str | Path | None = None):
     """Write the notebook's headline numbers (read by name from its ``globals()``) beside it;
     returns the path written."""
     from utils.env import smoke_mode
+    from utils.loop_audit import Audit
     from utils.profile_diagnosis import ProfileSummary
     from utils.record import Record
 
@@ -123,8 +126,12 @@ def save_record(ns: dict, path: str | Path | None = None):
         raise ValueError("profile must be the ProfileSummary that utils.profiling.profile_steps returned")
     rec = Record.new()
     rec.add("baseline_tokens_per_s", ns["baseline_tps"], "tokens/s", "utils.timing.Stopwatch", None)
-    rec.add("optimized_tokens_per_s", ns["optimized_tps"], "tokens/s", "utils.training.measure_loop", None,
-            config=ns["OPTIMIZED"].to_dict())
+    audited, row = ns["audited"], ns["opt_row"]
+    if not isinstance(audited, Audit) or not isinstance(row, dict):
+        raise ValueError("audited must be loop_audit.audit(FastLoop, ...) and opt_row its measure(...)")
+    rec.add("optimized_tokens_per_s", ns["optimized_tps"], "tokens/s", "utils.loop_audit.Audit.measure", None,
+            config={"tokens_per_step": audited.tokens_per_step, "precision": audited.precision},
+            tokens_per_step_counted=row.get("tokens_per_step_counted"), audit=audited.report)
     rec.add("speedup", ns["speedup"], "x", "optimized / naive tokens/s", None)
     for key in ("lora", "qlora"):
         r = ns[key]
@@ -156,18 +163,29 @@ def baseline() -> None:
 
 def optimized() -> None:
     """The record's speedup is its own tokens/s ratio and at least what its card's size tier
-    expects (the tier of the record's GPU, not this grading machine's smoke tier)."""
+    expects (the tier of the record's GPU, not this grading machine's smoke tier), never below
+    1x; the loop's recorded audit on that GPU shows no problem (``utils.loop_audit.problems``),
+    and its measured steps fed the model the tokens it claims."""
     from utils.env import phase_sizes
+    from utils.loop_audit import problems
     from utils.tier_plan import fingerprint_tier
 
-    min_speedup = phase_sizes(PHASE, fingerprint_tier(checks.submitted_record().fingerprint)).min_speedup
+    min_speedup = max(NEVER_SLOWER, phase_sizes(PHASE, fingerprint_tier(checks.submitted_record().fingerprint)).min_speedup)
     sp = _recorded("speedup")
     base = checks.assert_positive(_recorded("baseline_tokens_per_s"), "record baseline_tokens_per_s")
     opt = checks.assert_positive(_recorded("optimized_tokens_per_s"), "record optimized_tokens_per_s")
     checks.assert_close(sp, opt / base, "record speedup vs its optimized / baseline tokens/s", rel=1e-3)
     if sp < min_speedup:
-        raise AssertionError(f"the record's speedup {sp:.3g}x is below {min_speedup}x")
-    checks.record_ok(f"speedup {sp:.3g}x")
+        raise AssertionError(f"the record's speedup {sp:.3g}x is below {min_speedup:g}x")
+    _, counted, audit = checks.recorded(checks.submitted_record(), "optimized_tokens_per_s", "tokens_per_step_counted",
+                                        "audit")
+    bad = problems(audit) if isinstance(audit, dict) else ["the record's audit is not an audit report"]
+    if bad:
+        raise AssertionError("the record's audit of your loop on its GPU: " + "; ".join(bad))
+    if counted != audit["tokens_per_step_claimed"]:
+        raise AssertionError(f"the record's measured steps fed the model {counted!r:.20} tokens each, not the "
+                             f"{audit['tokens_per_step_claimed']} the loop claims")
+    checks.record_ok(f"speedup {sp:.3g}x, the loop's audit on the GPU clean")
 
 
 def finetune() -> None:

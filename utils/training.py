@@ -327,28 +327,6 @@ def bitsandbytes_usable() -> tuple[bool, str]:
     return True, "ok"
 
 
-_SAVED: dict[str, str] = {}
-
-
-def _saved_random_model(preset: str) -> str:
-    """A folder holding ``preset`` with random bf16 weights, written once per process, so the
-    4-bit model loads through ``from_pretrained`` exactly as a hub checkpoint would."""
-    import tempfile
-
-    import torch
-
-    from utils.models import build_model
-
-    if preset not in _SAVED:
-        path = tempfile.mkdtemp(prefix=f"gpulab-{preset}-")
-        torch.manual_seed(0)
-        model = build_model(preset, dtype="bf16", device="cuda" if torch.cuda.is_available() else "cpu")
-        model.save_pretrained(path)
-        del model
-        _SAVED[preset] = path
-    return _SAVED[preset]
-
-
 def _torch_half(device):
     """The 16-bit dtype of the LoRA recipes on ``device``: bf16, except fp16 on a GPU without bf16
     (a T4, a P100, where cuBLAS has no bf16 GEMMs: ``utils.tier_plan``); the recipes' names say bf16."""
@@ -358,14 +336,15 @@ def _torch_half(device):
 
 
 def build_finetune(preset: str, recipe: FinetuneRecipe, device: Any = None):
-    """``(peft_model, note)``: the preset with random weights, 16-bit (bf16; fp16 on a GPU without
-    bf16) or 4-bit, LoRA on ``target_modules``.
+    """``(peft_model, note)``: the preset, 16-bit (bf16; fp16 on a GPU without bf16) or 4-bit,
+    LoRA on ``target_modules``; its real checkpoint where ``utils.weights`` finds one, else random
+    weights (``model.gpulab_weights.line()`` says which).
 
     A 4-bit recipe without a usable bitsandbytes falls back to bf16 LoRA and says so in ``note``."""
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    from utils.models import build_model
+    from utils.models import _load_checkpoint, build_model, checkpoint_dir, choose_weights
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     half = _torch_half(device)
@@ -381,11 +360,17 @@ def build_finetune(preset: str, recipe: FinetuneRecipe, device: Any = None):
 
         bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                  bnb_4bit_compute_dtype=half)
-        model = AutoModelForCausalLM.from_pretrained(_saved_random_model(preset), quantization_config=bnb,
+        path, choice = checkpoint_dir(preset)
+        model = AutoModelForCausalLM.from_pretrained(path, quantization_config=bnb,
                                                      dtype=half, device_map={"": device.index or 0})
     else:
-        torch.manual_seed(0)
-        model = build_model(preset, dtype=half, device=device)
+        choice = choose_weights(preset)
+        if choice.real:
+            model = _load_checkpoint(choice.path, half, device, "sdpa")
+        else:
+            torch.manual_seed(0)
+            model = build_model(preset, dtype=half, device=device)
+    model.gpulab_weights = choice
     model.config.use_cache = False
     if recipe.prepare_kbit:
         kw = {"use_reentrant": recipe.checkpointing != "non-reentrant"}
@@ -419,12 +404,16 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
     measurement), ``activations_gib`` (peak minus weights, optimizer and gradients: saved
     activations plus the transient working set, logits included), ``tokens_per_s``,
     ``trainable_params``, ``total_params``, ``lora_grads_ok``, ``quant`` (what actually ran),
-    ``note`` (why a 4-bit recipe fell back), ``peak_source``.
+    ``note`` (why a 4-bit recipe fell back), ``peak_source``, ``weights`` (the line saying
+    real or random weights, and why: :mod:`utils.weights`), ``losses`` (each step's loss; every
+    step trains on the same batch, the shipped book's first blocks in the model's own tokenizer,
+    so with real weights the loss falls as the adapters fit that text; from random weights it
+    starts near ln(vocab)).
     """
     import torch
 
     from utils.memory import count_saved_bytes, tensor_bytes
-    from utils.models import preset_config
+    from utils.models import model_tokenizer, token_batches
     from utils.timing import Stopwatch
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -441,9 +430,10 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
     trainable = [p for p in params if p.requires_grad]
     weights_b = (torch.cuda.memory_allocated(device) - base) if cuda else tensor_bytes(params)
     opt = torch.optim.AdamW(trainable, lr=1e-4)
-    vocab = preset_config(preset).vocab_size
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randint(0, vocab, (batch_size, seq_len), generator=gen).to(device)
+    choice = model.gpulab_weights
+    x, _ = next(token_batches(model_tokenizer(model), None, batch_size, seq_len, device=device,
+                              vocab_size=model.config.vocab_size))
+    losses = []
     ac = torch.autocast(device.type, dtype=_torch_half(device)) if recipe.autocast else contextlib.nullcontext()
     sw = Stopwatch(warmup_steps=1, tokens_per_step=batch_size * seq_len, device=device)
     saved: dict = {}
@@ -456,6 +446,7 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
             with ac, (count_saved_bytes(saved) if i == 1 else contextlib.nullcontext()):
                 loss = model(input_ids=x, labels=x).loss
             loss.backward()
+            losses.append(loss.detach())  # read after the loop: no host sync inside a timed step
             if i == 1:
                 grads_ok = lora_grads_ok(model)
                 grad_b = tensor_bytes(p.grad for p in trainable)
@@ -475,7 +466,8 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
            "activations_gib": max(0.0, peak_b - weights_b - opt_b - grad_b) / GIB,
            "tokens_per_s": s["tokens_per_s"], "trainable_params": sum(p.numel() for p in trainable),
            "total_params": sum(p.numel() for p in params), "lora_grads_ok": grads_ok,
-           "peak_source": "torch.cuda.max_memory_allocated" if cuda else "accounted (CPU: tensor bytes, not measured)"}
+           "peak_source": "torch.cuda.max_memory_allocated" if cuda else "accounted (CPU: tensor bytes, not measured)",
+           "weights": choice.line(), "losses": [float(v) for v in losses]}
     del model, opt, loss
     gc.collect()
     if cuda:

@@ -536,9 +536,8 @@ def test_lab01_an_honest_gpu_record_passes_beside_this_machines_own_numbers(phas
     notebook's CPU numbers are not held against them."""
     p1 = phase(1, record=lab1_gpu_record())
     p1.check_baseline(1234.5, None, None, None)
-    p1.check_optimized(1.7, 2100.0, 1234.5, None)
-    p1.check_finetune(None, None, 0.05, 0.05)
-    assert capsys.readouterr().out.count("graded from record") >= 3
+    p1.check_finetune(None, None, 0.05, 0.05)  # the optimized loop's record: tests/grader/test_phase1_loop.py
+    assert capsys.readouterr().out.count("graded from record") >= 2
 
 
 @pytest.mark.parametrize("record, check, match", [
@@ -553,7 +552,7 @@ def test_lab01_a_record_that_contradicts_itself_or_its_tier_fails(phase, record,
     baseline is not positive."""
     p1 = phase(1, record=lab1_gpu_record(**record))
     call = {"baseline": lambda: p1.check_baseline(1.0, None, None, None),
-            "optimized": lambda: p1.check_optimized(1.0, 1.0, 1.0, None),
+            "optimized": lambda: p1.check_optimized(1.0, 1.0, 1.0, None, None),
             "finetune": lambda: p1.check_finetune(None, None, 1.0, 1.0)}[check]
     with pytest.raises(AssertionError, match=match):
         call()

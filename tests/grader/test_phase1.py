@@ -1,8 +1,8 @@
 """The grader against the phase-1 notebook: real ``python -m grader check`` runs on CPU (smoke mode).
 
 The reference solution scores full marks, the untouched release scores zero, a submission with
-a constant ``diagnose``, a precision the device does not suit and a wrong cause loses exactly
-those cells, and one whose ``diagnose`` copies the summary's own verdict loses the two diagnosis
+a constant ``diagnose``, an optimized loop that reads the loss on the host every step and a wrong
+cause loses exactly those cells, and one whose ``diagnose`` copies the summary's own verdict loses the two diagnosis
 cells. tests/grader/test_phase1_diagnosis.py tries every kind of wrong ``diagnose`` on the checks
 themselves.
 """
@@ -50,7 +50,7 @@ def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("phase1")
     wrong = answered()
     _cell_src(wrong, "diagnose_function", 'def diagnose(summary):\n    return "data-loading-bound", "num_workers"\n')
-    _edit(wrong, "optimized_answer", "precision=PRECISION,", 'precision="fp16",')
+    _edit(wrong, "optimized_loop", "if self.steps % self.log_every == 0:", "if True:")  # .item() every step
     _edit(wrong, "cause_answer", "CAUSE = max(single_peaks, key=single_peaks.get)", 'CAUSE = "autocast"')
     copies = answered()  # the summary's own verdict: blank on every summary the hidden tests hand it
     _cell_src(copies, "diagnose_function", "def diagnose(summary):\n    return summary.diagnosis, None\n")
@@ -83,7 +83,7 @@ def test_wrong_answers_lose_their_cells_only(graded):
     msgs = " | ".join(c.get("message", "") for c in res["cells"])
     # the constant is wrong on the naive loop's own profile, and on the first clear-cut summary the visible test tries
     assert "your diagnose says 'data-loading-bound'" in msgs and "a clear-cut" in msgs, msgs
-    assert "precision" in msgs and "CAUSE" in msgs
+    assert "host syncs in 4 steps" in msgs and "CAUSE" in msgs
 
 
 def test_a_diagnose_that_copies_the_verdict_loses_both_diagnosis_cells_only(graded):
@@ -101,6 +101,7 @@ def test_release_is_current_and_clean():
     text = released_text("01_single_gpu")
     assert text == RELEASE.read_text(), "notebooks/ is stale: run python -m grader release"
     for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "_p1.check_", "BOTTLENECK, FIRST_FIX = diagnose(profile)\\n",
+                   "self.optimizer.step()", "opt_row = audited.measure(SIZES.steps)\\n",
                    'return \\"host-sync-bound\\", \\"sync_every_step\\"'):  # solution lines as the JSON text has them
         assert marker not in text
 
