@@ -62,8 +62,8 @@ def wrong_loop(reference, *, optimizer_step=True, sync_every_step=False, keep_se
                 loss = self.loss_of(x, y)
             loss.backward()
             if optimizer_step:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+                self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
             if sync_every_step:
                 self.logged = loss.item()
             if host_wait:  # host-side work after every step (a synchronous log or checkpoint writer), as
