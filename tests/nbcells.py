@@ -123,3 +123,21 @@ def assert_release_clean(assignment: str, release: Path, source: Path, markers: 
     assert all(gid(c) for c in source_nb["cells"]), "every source cell needs a grade_id (deleted cells are restored by it)"
     leaked = leaked_lines(source_nb, nb)
     assert not leaked, f"solution or hidden-test lines in the release: {leaked[:5]}"
+
+
+def run_source_cells(source: Path, cells):
+    """Generator for a module fixture: the source notebook's cells named in ``cells``, solutions
+    included, executed in one namespace with one torch thread (tests/grader/test_phase0_roofline.py
+    says why); yields the namespace, then restores the thread count."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    g: dict = {"__name__": "__main__"}
+    try:
+        for c in json.loads(Path(source).read_text())["cells"]:
+            if gid(c) in cells:
+                exec(compile(src(c), gid(c), "exec"), g)  # noqa: S102
+        yield g
+    finally:
+        torch.set_num_threads(threads)

@@ -8,14 +8,13 @@ is given; and GPU records of the sweep, plausible, invented and edited. The note
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 
 from tests.grader.test_phase0 import gpu_record
-from tests.nbcells import gid, src
+from tests.nbcells import run_source_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "grader" / "source" / "00_foundations" / "00_foundations.ipynb"
@@ -28,18 +27,7 @@ pytestmark = pytest.mark.slow
 def ns():
     """The source notebook's cells the sweep needs, solutions included, run here; one torch thread
     (tests/grader/test_phase0_roofline.py says why)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    g: dict = {"__name__": "__main__"}
-    try:
-        for c in json.loads(SOURCE.read_text())["cells"]:
-            if gid(c) in CELLS:
-                exec(compile(src(c), gid(c), "exec"), g)  # noqa: S102
-        yield g
-    finally:
-        torch.set_num_threads(threads)
+    yield from run_source_cells(SOURCE, CELLS)
 
 
 def sweep_args(g: dict, **change) -> list:
