@@ -2,7 +2,7 @@
 # Runs the GPU checks and benchmarks unattended and writes their results to $1 (default out/).
 # Usage (on a CUDA machine, from the repo root): bash benchmarks/run_gpu.sh OUTDIR [STEP...]
 # Steps: device monitor timing profiling exporter models grader allreduce multigpu breaks accum
-#        trl fused phase3 decode serving vllmbench t4 scaling (1 to 8 GPUs) lab:ASSIGNMENT (the reference answers of that lab graded live
+#        trl fused phase3 decode serving vllmbench t4 t4:ASSIGNMENT scaling (1 to 8 GPUs) lab:ASSIGNMENT (the reference answers of that lab graded live
 #        here, e.g. lab:02_multi_gpu; python -m grader.gpu_check --live-only)
 # (default: the first six). Needs nbgrader for grader and lab:*; bitsandbytes where a lab quantizes.
 # Each step's JSON lands in OUTDIR; everything printed goes to OUTDIR/log.txt as well.
@@ -137,9 +137,11 @@ torch.cuda.synchronize()" & load=$!
       a="--preset llama-1.1b --pairs 2 --num-requests 64 --input-len 256 --output-len 64 --concurrency 8"
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --out "$out/lvb_bf16.json"
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --quantization fp8 --out "$out/lvb_fp8.json" ;;
-    t4) # every lab graded live as a T4 learner runs it (utils/rehearsal.py: T4 memory cap, fp16, T4 sizes);
-      # peak device memory from nvidia-smi every 0.5 s, engines in their own processes included
-      for a in 00_foundations 01_single_gpu 02_multi_gpu 03_inference_serving 04_benchmarking_production 05_hardware_and_cost; do
+    t4|t4:*) # every lab (t4) or one (t4:ASSIGNMENT) graded live as a T4 learner runs it (utils/rehearsal.py:
+      # T4 memory cap, fp16, T4 sizes); peak device memory from nvidia-smi every 0.5 s, engines in their own processes included
+      labs="00_foundations 01_single_gpu 02_multi_gpu 03_inference_serving 04_benchmarking_production 05_hardware_and_cost"
+      [ "$step" = t4 ] || labs=${step#t4:}
+      for a in $labs; do
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/t4_mem_$a.txt" & smi=$!
         GPULAB_TIER=t4 run python -m grader.gpu_check "$out/t4_$a" --assignment "$a" --live-only
         kill $smi; echo "$a peak_mib $(sort -n "$out/t4_mem_$a.txt" | tail -1)" | tee -a "$out/t4_peaks.txt"
