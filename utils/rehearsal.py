@@ -5,7 +5,7 @@ Forcing a tier (``utils.env.TIER_VAR``) on a GPU with more memory than that tier
 caps this process's CUDA allocator at the card's memory
 (``torch.cuda.set_per_process_memory_fraction``: an allocation past the cap raises the same
 out-of-memory error the small card would), makes the labs choose the card's dtype (fp16 where
-it has no bf16) and caps the memory share a serving engine is told to take. Nothing else is
+it has no bf16) and scales the memory share a serving engine is told to take to the card's memory. Nothing else is
 emulated: clocks, bandwidth and tensor-core rates stay the big card's, so times are not a T4's.
 
 The cards' memory is ``nvidia-smi``'s total for the smallest card of each tier (T4: 15360 MiB,
@@ -87,10 +87,14 @@ def half_dtype(index: int = 0) -> str:
 
 
 def engine_memory_fraction(requested: float, index: int = 0) -> float:
-    """The share of GPU memory an engine in its own process may take: ``requested``, or the
-    rehearsed card's share of this GPU when that is smaller."""
+    """The share of this GPU an engine in its own process may take: ``requested`` of the rehearsed
+    card's memory, as on the card itself (``requested`` unchanged when nothing is rehearsed).
+
+    A share of the card, not of this GPU and not capped at the whole card: lab 04 keeps its engine
+    up while a comparison engine starts beside it, and on a 15 GiB T4 two engines at 0.45 each fit
+    where two engines holding a whole T4's memory each do not."""
     c = card(index)
-    return requested if c is None else min(requested, c.memory_gib / _device_gib(index))
+    return requested if c is None else requested * c.memory_gib / _device_gib(index)
 
 
 _applied: dict[int, float] = {}
