@@ -1,39 +1,18 @@
 """Helpers for hidden tests that grade on measured numbers (docs/grading.md).
 
-The rules, and where each lives here:
+The rules (each explained in docs/grading.md, "Bands and tolerances" and "When the grader's own
+measurement is bad"): learner code is timed through ``utils.timing`` against a baseline the grader
+times in the same run (:func:`timed`, :func:`band`, :func:`assert_in_band`); numbers are checked for
+plausibility against ``utils.hardware`` (:func:`assert_not_above`); the measurement code must be
+the grader's (:func:`assert_untampered`, :mod:`grader.tamper`); with no GPU here and a GPU record
+from the learner, measured cells are graded from the record (:func:`grading_mode`); every call into
+learner code goes through :func:`quiet`, since nbgrader scores a test cell 0 on any stderr output;
+a bad measurement of the grader's own is measured again, never failed on (:func:`agree`).
 
-1. Learner code is timed through ``utils.timing`` and compared with a baseline the grader
-   times in the same run (:func:`timed`, :func:`band`, :func:`assert_in_band`).
-2. A number the learner reports must sit within a band of the grader's re-measurement; the
-   band is the wider of a floor (:data:`GPU_BAND_FLOOR`, :data:`SMOKE_BAND_FLOOR`) and
-   :data:`SPREAD_FACTOR` times the measured relative spread ``(p80 - p20) / median``.
-3. Plausibility against ``utils.hardware``: nothing above the datasheet peak or bandwidth
-   (:func:`assert_not_above`), no utilization over 100%, no memory above the card.
-4. The measurement code is the grader's: :func:`assert_untampered` fails on a patched
-   ``time.perf_counter`` (and friends), ``torch.cuda.Event.elapsed_time`` /
-   ``record`` / ``synchronize``, ``torch.cuda.synchronize`` or any function of ``utils``
-   (:mod:`grader.tamper` compares code objects with a fresh compile of their files).
-5. With no GPU on the grading machine and a GPU measurement record from the learner
-   (``GPULAB_SUBMITTED_RECORD``), measured cells are graded from the record instead
-   (:func:`grading_mode`), and :func:`say` puts that in the feedback.
-6. nbgrader scores a test cell 0 on any stderr output, so every call into learner code goes
-   through :func:`quiet`; messages for the learner go to stdout (:func:`say`).
-7. How a cell is graded (live or from the record, smoke sizes or GPU sizes) follows from
-   variables the grader sets before the kernel starts; a notebook that changes one of
-   ``grader.tamper.GRADING_VARS`` in ``os.environ`` fails the tamper check, and a patched
-   ``torch.cuda.is_available`` fails :func:`gpu_here`.
-8. A grader measurement that is unusable (a zero rate, runs spread wider than any band) or taken on a
-   loaded machine is measured again, bands widened by the slowdown measured; an unusable one fails
-   nobody (:func:`agree`, docs/grading.md#when-the-graders-own-measurement-is-bad).
-
-Hidden tests do not use the ``grader.checks`` the notebook imported: ``grader.phase(n)``
-(``grader/__init__.py``) loads this file, :mod:`grader.tamper` and the phase's modules
-afresh from their files, so rebinding ``checks`` in the notebook or patching its functions
-changes nothing. Limits: the checks run in the learner's kernel, so a learner who patches
-the import machinery or IPython itself is out of reach here. Rewriting the course code on
-disk is caught outside the kernel (grader/batch.py grades each notebook on its own copy and
-compares it afterwards); files elsewhere on the grading machine (the Python environment) are
-not watched: grade untrusted submissions in a container.
+Hidden tests do not use the ``grader.checks`` the notebook imported: ``grader.phase(n)`` loads this
+file, :mod:`grader.tamper` and the phase's modules afresh, so rebinding ``checks`` or patching its
+functions in the notebook changes nothing. What lies beyond a kernel's reach (the import machinery,
+IPython, the course on disk, the Python environment): docs/grading.md, "What the screen cannot see".
 """
 from __future__ import annotations
 
@@ -64,7 +43,8 @@ LIVE, RECORD = "measured live", "graded from record"
 NOISY_RETRIES, NOISY_PAUSE_S = 2, 1.0  # agree(): attempts more after misses that were the machine's, a pause before each
 LOAD_BAND_CAP = {True: 7.0, False: 2.0}  # widened, never wider than x8 in smoke mode, x3 on a GPU: 10x still fails
 _MINE: list = []  # the grader's own timings (timed()) in this agree(): band() checks their spread
-_SLACK = {"factor": 1.0, "why": ""}  # the slowdown agree() measured on a miss under load, and why
+_SLACK = {"factor": 1.0, "why": "", "noisy": ""}  # agree(): slowdown under load and why; why its own runs are in doubt
+_REFS: dict[str, list[float]] = {}  # the grader's re-measurements per checked name, over the tries of one agree()
 
 
 # -- output hygiene -------------------------------------------------------------------------
@@ -72,10 +52,8 @@ _SLACK = {"factor": 1.0, "why": ""}  # the slowdown agree() measured on a miss u
 @contextlib.contextmanager
 def quiet():
     """Run learner code with stderr captured and warnings off: a warning or a progress bar on
-    stderr would cost the whole test cell its points under nbgrader, wherever it came from.
-
-    Both levels: ``sys.stderr`` (Python writes) and file descriptor 2 (C extensions write
-    there directly, and ipykernel forwards that descriptor to the cell as stderr too)."""
+    stderr would cost the whole test cell its points under nbgrader, wherever it came from. Both levels:
+    ``sys.stderr`` and file descriptor 2 (C extensions write there; ipykernel forwards it as stderr)."""
     buf = io.StringIO()
     saved_fd = None
     try:
@@ -104,10 +82,8 @@ def say(message: str) -> None:
 # -- values ---------------------------------------------------------------------------------
 
 def as_number(value: Any, name: str) -> float:
-    """``value`` as a float; a clear AssertionError for anything that is not a plain number.
-
-    Only built-in and numpy numbers, or a one-element torch tensor, are accepted: an object
-    with a doctored ``__eq__`` cannot pass an equality test here."""
+    """``value`` as a float, else a clear AssertionError: built-in and numpy numbers or a one-element
+    tensor only, so an object with a doctored ``__eq__`` cannot pass an equality test here."""
     mod = type(value).__module__
     if type(value).__name__ == "Tensor" and mod.startswith("torch") and getattr(value, "numel", lambda: 0)() == 1:
         value = value.detach().cpu().item()
@@ -194,10 +170,8 @@ def smoke() -> bool:
 
 
 def submitted_record():
-    """The learner's record (``GPULAB_SUBMITTED_RECORD``) if it came from a GPU, else None.
-
-    A file that is there but unreadable is an AssertionError: a broken or edited record must
-    not fall back to something gentler."""
+    """The learner's record (``GPULAB_SUBMITTED_RECORD``) if it came from a GPU, else None; an unreadable
+    file is an AssertionError: a broken or edited record must not fall back to something gentler."""
     tamper.assert_environment_unchanged()
     path = os.environ.get(RECORD_VAR, "").strip()
     if not path:
@@ -213,8 +187,7 @@ def submitted_record():
 
 
 def announce_from_record(what: str) -> None:
-    """Say in the feedback that ``what`` is graded from the learner's GPU record, and when it
-    was taken (rule 5 above: the feedback says so)."""
+    """Say in the feedback that ``what`` is graded from the learner's GPU record, and when it was taken."""
     import datetime
 
     rec = submitted_record()
@@ -238,11 +211,8 @@ def device_name() -> str:
 
 def begin(what: str, how: str = "re-measured by the grader in this run", where: str | None = None,
           from_record: str | None = None) -> str:
-    """Say how this cell is graded (first, so that a failing cell says it too); returns the mode.
-
-    From the record: :func:`announce_from_record`, or ``what`` then ``from_record`` where a
-    phase says how its record is checked. Live: ``what`` measured on ``where`` (by default
-    :func:`device_name`), ``how``."""
+    """Say how this cell is graded (first, so that a failing cell says it too); returns the mode. From the
+    record: :func:`announce_from_record`, or ``from_record``; live: ``what`` on ``where``, ``how``."""
     mode = grading_mode()
     if mode == RECORD and from_record:
         say(f"{RECORD}: no GPU on this grading machine; {what} {from_record}")
@@ -353,10 +323,11 @@ def mine(result):
 def agree(compare, attempts: int, load=None):
     """``compare()`` re-measures and asserts; a miss is measured again, up to ``attempts`` times
     in all (a busy core or a clock dip spoils one run, not several). Returns its result.
-    A miss that was the machine's (:class:`Unusable`, the grader's runs too spread, or a ``load`` window,
-    ``grader.remeasure.Load``, that found it loaded) gets :data:`NOISY_RETRIES` more tries after a pause, bands
-    widened for the load (:func:`band`); still :class:`Unusable` under load, it fails nobody and says why."""
+    A miss that was the machine's (:class:`Unusable`, the grader's runs too spread or its re-measurements of a value
+    disagreeing among the tries beyond the band, or a ``load`` window, ``grader.remeasure.Load``, that found it
+    loaded) gets :data:`NOISY_RETRIES` more tries, bands widened (:func:`band`); still unusable under load, it is left out."""
     misses, extra, seen_load = 0, 0, load is None  # without a window, an unusable measurement is the machine's
+    _REFS.clear()
     try:
         while True:
             window, _ = (load() if load else None), _SLACK.pop("wide", None)
@@ -368,6 +339,8 @@ def agree(compare, attempts: int, load=None):
             if busy:
                 seen_load = True
                 _SLACK.update(factor=max(_SLACK["factor"], window.slowdown), why=window.describe())
+            elif "wide" in _SLACK and not _SLACK["noisy"]:
+                _SLACK["noisy"] = _SLACK["wide"]  # its own measurement, not the learner's answer, is in doubt
             misses += 1
             if misses < attempts or (machine and extra < NOISY_RETRIES):
                 extra += misses >= attempts
@@ -379,8 +352,9 @@ def agree(compare, attempts: int, load=None):
                 return None
             raise AssertionError(f"{err}, in all {misses} tries on a quiet machine{where}") if isinstance(err, Unusable) else err
     finally:
-        _SLACK.update(factor=1.0, why="")
+        _SLACK.update(factor=1.0, why="", noisy="")
         _MINE.clear()
+        _REFS.clear()
 
 
 def call(fn, *args, name: str, show_args: bool = True):
@@ -423,27 +397,48 @@ def spread(result) -> float:
 
 
 def band(*results, smoke_mode: bool | None = None, floor: float | None = None) -> float:
-    """Relative tolerance for comparing two measurements of the same thing.
+    """Relative tolerance for comparing two measurements of the same thing: the wider of a floor and 3x the
+    larger relative spread among ``results`` (median/p20/p80 in ms), capped; after a miss the grader's own
+    (:func:`mine`) or the machine's, widened (:func:`agree`; docs/grading.md, "Bands and tolerances")."""
+    return _band([(spread(r), _own(r)) for r in results if r is not None], smoke_mode, floor)
 
-    The wider of a floor (35% on a GPU, 150% in smoke mode) and 3x the larger relative
-    spread among ``results`` (TimingResults, or objects with median/p20/p80 in ms), capped
-    (x2 on a GPU, x4 in smoke mode) so that no amount of noise makes a check unfailable.
-    After a miss under load (:func:`agree`), widened by the slowdown, up to :data:`LOAD_BAND_CAP`, and to that
-    cap when one of the grader's own results (:func:`mine`) spreads wider than the usual cap can hold."""
+
+def difference_band(*pairs, smoke_mode: bool | None = None, floor: float | None = None) -> float:
+    """:func:`band` for a difference of two medians, pairs ``(longer, shorter)`` (TPOT is ``(tn - t1) / (n - 1)``):
+    where ``t1`` is half of ``tn``, 5% of noise in each is 15% in the difference (:func:`difference_spread`)."""
+    return _band([(difference_spread(hi, lo), _own(hi) or _own(lo)) for hi, lo in pairs], smoke_mode, floor)
+
+
+def difference_spread(longer, shorter) -> float:
+    """Relative spread of ``longer.median - shorter.median``: both ``p80 - p20`` over the difference (inf if <= 0)."""
+    diff = as_number(longer.median_ms, "median_ms") - as_number(shorter.median_ms, "median_ms")
+    width = sum(as_number(r.p80_ms, "p80_ms") - as_number(r.p20_ms, "p20_ms") for r in (longer, shorter))
+    return width / diff if diff > 0 else math.inf
+
+
+def _own(result) -> bool:  # one of the grader's own timings (mine())
+    return any(result is m for m in _MINE)
+
+
+def _band(spreads: list[tuple[float, bool]], smoke_mode: bool | None, floor: float | None) -> float:
+    """The band from ``(relative spread, the grader's own)`` pairs: see :func:`band`."""
     s = smoke() if smoke_mode is None else smoke_mode
     base = floor if floor is not None else (SMOKE_BAND_FLOOR if s else GPU_BAND_FLOOR)
     cap = max(base, SMOKE_BAND_CAP if s else GPU_BAND_CAP)
-    spreads = [spread(r) for r in results if r is not None]
-    for r in results:
-        if any(r is m for m in _MINE) and not SPREAD_FACTOR * spread(r) <= cap:
-            _SLACK["wide"] = f"the grader's own runs spread {spread(r):.0%} around their median"
-    rel = min(cap, max([base] + [SPREAD_FACTOR * x for x in spreads if math.isfinite(x)]))
-    if _SLACK["factor"] > 1:
+    for x, own in spreads:
+        if own and not SPREAD_FACTOR * x <= cap:
+            _SLACK["wide"] = f"the grader's own runs spread {x:.0%} around their median"
+    rel = min(cap, max([base] + [SPREAD_FACTOR * x for x, _ in spreads if math.isfinite(x)]))
+    if _SLACK["noisy"]:
+        rel = max(rel, LOAD_BAND_CAP[s])
+    elif _SLACK["factor"] > 1:
         rel = max(rel, min(LOAD_BAND_CAP[s], math.inf if "wide" in _SLACK else (1 + rel) * _SLACK["factor"] - 1))
     return rel
 
 
 def widened() -> str:  # why this attempt's bands are wider, for a feedback line ("" when they are not)
+    if _SLACK["noisy"]:
+        return f"; widened: {_SLACK['noisy']}"
     if _SLACK["factor"] <= 1:
         return ""
     how = _SLACK.get("wide") or f"x{_SLACK['factor']:.2g}"
@@ -455,7 +450,12 @@ def assert_in_band(value: Any, reference: float, rel: float, name: str, unit: st
     v = as_number(value, name)
     reference = usable(reference, f"re-measurement of {name}", unit)
     lo, hi = reference / (1 + rel), reference * (1 + rel)
+    refs = _REFS.setdefault(name, [])
+    refs.append(reference)
     if not lo <= v <= hi:
+        if len(refs) > 1 and max(refs) > min(refs) * (1 + rel):
+            _SLACK["wide"] = (f"the grader's own re-measurements of {name} ranged {min(refs):.4g} to {max(refs):.4g} "
+                              f"{unit} over {len(refs)} tries")
         raise AssertionError(
             f"{name} = {v:.4g} {unit}, but the grader re-measured {reference:.4g} {unit} in this run; "
             f"accepted {lo:.4g} to {hi:.4g} (band +-{100 * rel:.0f}%, from the measured spread{widened()})")

@@ -195,7 +195,7 @@ def check_measured_costs(samples_per_s, train, decode, usd_per_sample, usd_per_m
         checks.say_versus("training", ref_sps, sps, "samples/s", rel)
         for b in (min(sizes.decode_batches), best):
             ref_d = measure_decode(generate_tokens, b, sizes.new_tokens)
-            rel = checks.band(ref_d["t1"], ref_d["tn"], decode[b]["t1"], decode[b]["tn"])
+            rel = checks.difference_band((ref_d["tn"], ref_d["t1"]), (decode[b]["tn"], decode[b]["t1"]))
             checks.assert_in_band(decode[b]["tpot_ms"], ref_d["tpot_ms"], rel, f"decode[{b}]['tpot_ms']", "ms")
             checks.say_versus(f"decode TPOT at batch {b}", ref_d["tpot_ms"], decode[b]["tpot_ms"], "ms", rel)
 
@@ -257,7 +257,7 @@ def check_right_sizing(estimate_fn, candidates, answer, decode, generate_tokens,
     def compare():
         b = min(sizes.decode_batches)
         ref_d = measure_decode(generate_tokens, b, sizes.new_tokens)
-        rel = checks.band(ref_d["t1"], ref_d["tn"], decode[b]["t1"], decode[b]["tn"])
+        rel = checks.difference_band((ref_d["tn"], ref_d["t1"]), (decode[b]["tn"], decode[b]["t1"]))
         checks.assert_in_band(decode[b]["tpot_ms"], ref_d["tpot_ms"], rel, f"decode[{b}]['tpot_ms']", "ms")
         checks.say_versus(f"decode TPOT at batch {b}", ref_d["tpot_ms"], decode[b]["tpot_ms"], "ms", rel)
         if not (spec and spec.bandwidth_gbs):  # the estimate scaled from your measured copy
