@@ -75,7 +75,9 @@ LABS = {
         env={"HF_HUB_OFFLINE": "1"}, serving=True),  # every model of lab 03 is built from a shipped config
     "04_benchmarking_production": LabNeeds(
         {"aiohttp": "aiohttp", "prometheus_client": "prometheus_client", "yaml": "pyyaml"},
-        (Extra("bitsandbytes", "bitsandbytes", "the 4-bit model is skipped and the lab says so", gpu_only=True),),
+        (Extra("bitsandbytes", "bitsandbytes", "the 4-bit model is skipped and the lab says so", gpu_only=True),
+         Extra("kubernetes_validate", "kubernetes-validate",
+               "the Kubernetes cells check the GPU rules without Kubernetes' schema and say so")),
         serving=True),
     "05_hardware_and_cost": LabNeeds({}, (
         Extra("jax", "jax", "the XLA cells say JAX is missing (pip's jax is the CPU build; Colab and Kaggle ship it)"),),

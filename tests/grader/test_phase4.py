@@ -31,7 +31,7 @@ ASSIGNMENT = "04_benchmarking_production"
 SOURCE = ROOT / "grader" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
 POINTS = {"test_percentile": 1, "test_metrics": 3, "test_workload": 2, "test_capacity": 2, "test_goodput": 3,
-          "test_choice": 2, "test_scrape": 1, "test_gpu_limits": 2}
+          "test_choice": 2, "test_scrape": 1, "test_gpu_limits": 2, "test_gpu_pod": 2, "test_time_slicing": 1}
 MEASURED = ("test_workload", "test_goodput", "test_choice")
 TIMEOUT_S = 900  # per cell: an engine start (vLLM's CPU build: 50-110 s alone, more when shared) and a load sweep
 H100_WEIGHTS = 1_100_048_384 * 2  # llama-1.1b in bf16 (utils/configs/README.md)
