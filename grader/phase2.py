@@ -1,9 +1,11 @@
 """The checks the hidden tests of phase 2 (``02_multi_gpu``) run.
 
 The memory-per-GPU and bus-bandwidth functions are checked exactly against
-``utils.distributed``; the bus bandwidth and the scaling efficiency and exposed
-communication share are re-measured by the grader's own launches (``utils.launch``, the
-runner the notebook uses; sizes from ``utils.env``, not from the notebook) within a band;
+``utils.distributed``, and the memory function against the bytes each rank held in the
+grader's own DDP, ZeRO-1 and FSDP2 run (``utils.zero_memory``) within the shard remainder;
+the bus bandwidth and the scaling efficiency and exposed communication share are re-measured
+by the grader's own launches (``utils.launch``, the runner the notebook uses; sizes from
+``utils.env``, not from the notebook) within a band;
 every run is checked for being the asked-for configuration and internally consistent
 (:mod:`grader.phase2_records`), and nothing may be above what is physically possible (an
 efficiency above 1, a bus bandwidth above the link). The breaks and the explanation are
@@ -22,9 +24,17 @@ from grader import checks, remeasure  # grader.phase(2) rebinds these to fresh c
 from grader import phase2_records as records
 
 PHASE = "02_multi_gpu"
-EXTRA_MODULES = ("utils.launch", "utils.model_shapes", "utils.scaling_breaks", "utils.grad_sync")  # runs, 70B shape, sync rules
-CONSTANT_MODULES = ("utils.scaling_breaks", "utils.grad_sync")  # names and thresholds the grading rules read
+# runs, 70B shape, sync rules, the sharded run's bytes
+EXTRA_MODULES = ("utils.launch", "utils.model_shapes", "utils.scaling_breaks", "utils.grad_sync", "utils.zero_memory")
+CONSTANT_MODULES = ("utils.scaling_breaks", "utils.grad_sync", "utils.zero_memory")  # names and thresholds the rules read
 STAGES = ("ddp", "zero1", "zero2", "zero3")
+# (weights, gradients, optimizer) bytes per parameter: mixed-precision Adam, fp32 Adam, fp32 gradients beside bf16
+# weights, bf16 Adam state, an 8-bit optimizer
+MEMORY_WIDTHS = ((2, 2, 12), (4, 4, 8), (2, 4, 12), (2, 2, 4), (1, 2, 6))
+# The grader's sharded run: widths the notebook does not show (odd, so no shard divides evenly), layers of similar
+# size, so that ZeRO-1's whole-tensor split (off by up to half the largest tensor on 2 ranks) stays below the
+# 2 bytes per parameter that a wrong byte width or stage costs
+ZERO_LAYERS = (72, 97, 95, 93, 91, 11)
 GPU_MEMORY_GB = 80  # the 70B exercise: 80 GB cards (H100/A100 80GB)
 WEIGHT_SHARE = 0.8  # rule of thumb: weights may take 80% of the card, the rest is KV cache/activations/workspace
 TP_DEGREES = (1, 2, 4, 8)  # tensor parallelism stays inside one 8-GPU node (NVLink)
@@ -89,7 +99,9 @@ def _quiet_launch(fn, *args, **kwargs):
 # -- 1. memory per GPU ----------------------------------------------------------------------------
 
 def check_memory(memory_per_gpu_gb) -> None:
-    """Exact against ``utils.distributed.memory_per_gpu`` (ZeRO paper, mixed-precision Adam)."""
+    """Exact against ``utils.distributed.memory_per_gpu`` (ZeRO paper): its defaults (mixed-precision
+    Adam, 2 + 2 + 12 bytes per parameter), then the byte widths of :data:`MEMORY_WIDTHS` passed as
+    ``weight_bytes, grad_bytes, optim_bytes``."""
     from utils.distributed import memory_per_gpu
 
     for n in (1, 124_439_808, 1_100_048_384, 7_500_000_000, 70_553_706_496):
@@ -98,6 +110,71 @@ def check_memory(memory_per_gpu_gb) -> None:
                 got = checks.call(memory_per_gpu_gb, n, d, stage, name="memory_per_gpu_gb")
                 checks.assert_close(got, memory_per_gpu(n, d, stage)["total_gb"], f"memory_per_gpu_gb({n}, {d}, {stage!r})",
                                     rel=REL)
+    for w, g, o in MEMORY_WIDTHS:
+        for n in (1, 124_439_808, 7_500_000_000):
+            for d in (1, 2, 64):
+                for stage in STAGES:
+                    got = checks.call(memory_per_gpu_gb, n, d, stage, w, g, o, name="memory_per_gpu_gb")
+                    want = memory_per_gpu(n, d, stage, param_bytes=w, grad_bytes=g, optimizer_bytes_per_param=o)["total_gb"]
+                    checks.assert_close(got, want, f"memory_per_gpu_gb({n}, {d}, {stage!r}, {w}, {g}, {o})", rel=REL)
+
+
+def _zero_run(p) -> dict:
+    """The grader's own sharded run of :data:`ZERO_LAYERS` (``utils.zero_memory``); one that is not
+    the run asked for is the grader's, :class:`checks.Unusable`."""
+    from utils import zero_memory
+
+    res = _quiet_launch(zero_memory.run, p, None, ZERO_LAYERS, "grader_zero_memory")
+    bad = zero_memory.run_problems(res, ZERO_LAYERS, p.nproc, p.backend)
+    if bad:
+        raise checks.Unusable("the grader's own sharded run is not the one asked for: " + "; ".join(bad[:3]))
+    return res
+
+
+def check_zero_memory(memory_per_gpu_gb) -> dict | None:
+    """Always live, on CPU processes where there is no GPU: the grader launches its own DDP, ZeRO-1
+    and FSDP2 run of a model the notebook does not show (:data:`ZERO_LAYERS`) and every rank counts
+    the bytes it holds after one AdamW step (``utils.zero_memory``); then :func:`zero_memory_ok`.
+    Returns the grader's run (None where a loaded machine left it unusable)."""
+    p = _grader_plan()
+    where = _where(p).split(" (")[0]  # no band here: bytes held are exact on CPU processes too
+    checks.say(f"{checks.LIVE} on {where}: your memory_per_gpu_gb against the bytes each rank held in the grader's "
+               "own DDP, ZeRO-1 and FSDP2 run of a model the notebook does not show")
+    untampered()
+    try:
+        res = remeasure.agree(lambda: _zero_run(p), 1)  # bytes held do not vary: only a failed launch is tried again
+    finally:
+        shutil.rmtree(p.work, ignore_errors=True)
+    if res is not None:
+        zero_memory_ok(memory_per_gpu_gb, res)
+    return res
+
+
+def zero_memory_ok(memory_per_gpu_gb, res: dict) -> None:
+    """For each measured stage and rank of the sharded run ``res``: ``memory_per_gpu_gb`` with the
+    run's byte widths, in bytes, within :func:`utils.zero_memory.remainder_bytes` of the bytes the
+    rank held (0 for DDP; half the largest tensor's optimizer state for ZeRO-1 on 2 ranks; the
+    rows FSDP2 rounds up, per parameter, for stage 3), plus float rounding (``REL``)."""
+    from utils import zero_memory
+
+    w, n, world = res["bytes_per_param"], res["n_params"], res["world_size"]
+    widths = (w["weights"], w["grads"], w["optimizer"])
+    said = []
+    for stage in zero_memory.STAGES:
+        tol = zero_memory.remainder_bytes(res["param_shapes"], world, stage, w)
+        got = checks.as_number(checks.call(memory_per_gpu_gb, n, world, stage, *widths, name="memory_per_gpu_gb"),
+                               f"memory_per_gpu_gb({n}, {world}, {stage!r}, {', '.join(map(str, widths))})") * 1e9
+        for r in res["stages"][stage]:
+            held = r["total_bytes"]
+            if abs(got - held) > tol + REL * held:
+                raise AssertionError(
+                    f"memory_per_gpu_gb({n}, {world}, {stage!r}, {', '.join(map(str, widths))}) = {got / 1e9:.6g} GB "
+                    f"({got:,.0f} bytes), but rank {r['rank']} of the grader's {stage} run held {held:,} bytes (weights "
+                    f"{r['weights_bytes']:,}, gradients {r['grads_bytes']:,}, optimizer state {r['optimizer_bytes']:,}); "
+                    f"its shards allow {tol:,.0f} bytes either way")
+        held_all = ", ".join(f"{r['total_bytes']:,}" for r in res["stages"][stage])
+        said.append(f"{stage}: predicted {got:,.0f}, held {held_all} (+-{tol:,.0f})")
+    checks.say(f"  {n:,} parameters on {world} ranks, {' + '.join(map(str, widths))} bytes each: " + "; ".join(said))
 
 
 def check_busbw(bus_bandwidth_gbs) -> None:

@@ -9,7 +9,8 @@ scaling across GPUs. Each ``run_*`` prints the command, runs it in its own proce
 (all of it is killed on a timeout or an interrupt), keeps its output out of the notebook
 (stderr in a test cell would cost the cell its points) and returns the JSON the script wrote.
 
-The notebook and the grader's re-measurements (``grader/phase2.py``) launch through here.
+The notebook and the grader's re-measurements (``grader/phase2.py``) launch through here, the
+per-rank memory of DDP, ZeRO-1 and FSDP2 (``utils/zero_memory.py``, run as a module) too.
 """
 from __future__ import annotations
 
@@ -293,3 +294,16 @@ def run_grad_sync(p: Plan, sync_each, sync_bucketed, overlapped, name: str = "gr
             same = "-" if g is None else ("equal DDP's" if g["match"] else f"DIFFER ({g['worst_param']})")
             print(f"  {v:<12}{t[v]['median_ms']:>10.2f}{t['ddp']['median_ms'] / t[v]['median_ms']:>8.2f}  {same}", flush=True)
     return res
+
+
+def run_zero_memory(p: Plan, layers, name: str = "zero_memory", *, seed: int = 0, verbose: bool = True) -> dict:
+    """``torchrun --standalone --nproc_per_node N -m utils.zero_memory`` on a stack of Linear layers
+    of widths ``layers``: the bytes each rank holds under DDP, ZeRO-1 and FSDP2 after one AdamW step
+    (``--smoke``: gloo on CPU processes); returns its JSON (plus ``file``). :func:`utils.zero_memory.run`
+    prints it."""
+    out = Path(p.work) / f"{name}.json"
+    args = ["--layers", ",".join(str(int(w)) for w in layers), "--seed", str(seed)] + ["--smoke"] * (p.backend == "gloo")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(p.nproc), "-m",
+           "utils.zero_memory", "--out", str(out), *args]
+    shown = f"torchrun --standalone --nproc_per_node {p.nproc} -m utils.zero_memory --out {out.name} " + " ".join(args)
+    return _launch(lambda: cmd, shown, out, launch_env(p), TIMEOUT_S[p.backend], verbose)
