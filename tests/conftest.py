@@ -83,9 +83,10 @@ def phase(monkeypatch, tmp_path):
 def graded_reference(tmp_path_factory):
     """``graded_reference(lab)``: the lab's reference solution graded by ``python -m grader check``
     (smoke mode, no ``--timeout``: the limit comes from the machine's measured speed) while a real
-    busy process keeps one core spinning (tests/busy.py), once per session. Returns
-    ``{"rc", "out", "err", "result", "wall_s", "spun_s", "busy_alive"}``; ``spun_s`` is the CPU
-    time the busy process used during the grade."""
+    busy process keeps one core spinning (tests/busy.py), once per session: the labs' own tests
+    read it too, so that no reference is graded twice. Returns ``{"rc", "out", "err", "result",
+    "wall_s", "spun_s", "busy_alive", "html"}``; ``spun_s`` is the CPU time the busy process used
+    during the grade, ``html`` the feedback HTML ``check --out`` wrote."""
     import time
     from pathlib import Path
 
@@ -102,9 +103,11 @@ def graded_reference(tmp_path_factory):
             tmp = tmp_path_factory.mktemp(f"reference-{lab}")
             with busy_core() as busy:
                 cpu0, t0 = cpu_seconds(busy), time.monotonic()
-                rc, out, err, res = check_each(root, {lab: reference_submission(lab)}, tmp, wait_s=2400)[lab]
+                rc, out, err, res = check_each(root, {lab: reference_submission(lab)}, tmp, "--out", str(tmp / "out"),
+                                               wait_s=2400)[lab]
                 done[lab] = {"rc": rc, "out": out, "err": err, "result": res, "wall_s": time.monotonic() - t0,
-                             "spun_s": cpu_seconds(busy) - cpu0, "busy_alive": busy.poll() is None}
+                             "spun_s": cpu_seconds(busy) - cpu0, "busy_alive": busy.poll() is None,
+                             "html": "\n".join(f.read_text() for f in sorted((tmp / "out").rglob("*.html")))}
         return done[lab]
     return grade
 

@@ -8,6 +8,9 @@ run, an explanation that contradicts the measured numbers, and breaks that are n
 scenario. The hand-written gradient synchronization: wrong versions (a sum not divided, a
 forgotten bucket, hooks on the matrices only) fail the grader's own launch; speeds, ratios and
 explanations that do not follow from the run fail, before a launch or against the grader's.
+The memory arithmetic against the grader's own sharded run (DDP, ZeRO-1, FSDP2 on two gloo
+processes): the reference passes, and a function that forgets to divide the optimizer state,
+ignores the byte widths it is passed or shards ZeRO-1's gradients fails, on the grader's run.
 Record mode (no GPU here, a GPU record submitted) is checked with a plausible and an invented
 two-H200 record. The batch and the two tests marked slow launch processes: minutes each on two
 cores, more when other work shares them.
@@ -33,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENT = "02_multi_gpu"
 SOURCE = ROOT / "grader" / "source" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 RELEASE = ROOT / "notebooks" / f"{ASSIGNMENT}.ipynb"
-POINTS = {"test_memory": 2, "test_busbw": 1, "test_allreduce": 3, "test_grad_sync": 3, "test_sync_speed": 2,
+POINTS = {"test_memory": 2, "test_zero_memory": 2, "test_busbw": 1, "test_allreduce": 3, "test_grad_sync": 3, "test_sync_speed": 2,
           "test_sync_explanation": 2, "test_scaling": 3, "test_breaks": 2,
           "test_explanation": 2, "test_parallelism": 2, "test_fused_kernel": 2, "test_second_fusion": 1}
 MEASURED = ("test_allreduce", "test_grad_sync", "test_sync_speed", "test_scaling")
@@ -47,25 +50,22 @@ TIMEOUT_S = 600
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    from grader.release import reference_submission
-
     subs = tmp_path_factory.mktemp("submissions")
     out = tmp_path_factory.mktemp("graded")
-    (subs / "reference.ipynb").write_text(json.dumps(reference_submission(ASSIGNMENT), indent=1))
-    (subs / "release.ipynb").write_text(RELEASE.read_text())
-    # one at a time: the reference's timed launches would otherwise share the two cores with the release's TRL run
+    (subs / "release.ipynb").write_text(RELEASE.read_text())  # the reference: graded_reference (tests/conftest.py)
     return autograde(ROOT, ASSIGNMENT, subs, out, jobs=1, timeout_s=TIMEOUT_S)
 
 
 @pytest.mark.slow
-def test_reference_scores_full_marks_measured_live(batch):
-    r = batch["results"]["reference"]
+def test_reference_scores_full_marks_measured_live(graded_reference):
+    g = graded_reference(ASSIGNMENT)  # graded once per session, beside a busy core
+    r = g["result"]
     assert r["status"] == "ok"
     assert _scores(r) == POINTS, _messages(r)
     assert r["score"] == r["auto_max_score"] == sum(POINTS.values()) and r["max_score"] == r["auto_max_score"] + 2
     modes = {c["cell"]: c["mode"] for c in r["cells"]}
     assert all(modes[c] == "measured live" for c in MEASURED), modes
-    html = (batch["out"] / "feedback" / "reference" / f"{ASSIGNMENT}.html").read_text()
+    html = g["html"]
     assert "re-measured by the grader" in html and "2 CPU processes over gloo" in html
 
 
@@ -74,7 +74,7 @@ def test_release_scores_zero(batch):
     r = batch["results"]["release"]
     assert r["status"] == "ok" and r["score"] == 0
     assert all(c["score"] == 0 for c in r["cells"])
-    assert float(batch["rows"]["reference"]["max_score"]) == sum(POINTS.values()) + 2  # + the written answer
+    assert float(batch["rows"]["release"]["max_score"]) == sum(POINTS.values()) + 2  # + the written answer
 
 
 # -- the checks, called directly --------------------------------------------------------------------
@@ -138,6 +138,63 @@ def test_solution_functions_pass_and_wrong_arithmetic_fails(phase2):
         p2.check_parallelism(f["weights_per_gpu_gb"], 2)  # 70.6 GB fits 80 GB, not the 80% rule
     with pytest.raises(AssertionError, match="raised ZeroDivisionError"):
         p2.check_busbw(lambda b, t, n: 1 / 0)
+
+    def mixed_precision_only(n, d, stage, weight_bytes=2, grad_bytes=2, optim_bytes=12):  # the widths passed, ignored
+        return f["memory_per_gpu_gb"](n, d, stage)
+    with pytest.raises(AssertionError, match=r"memory_per_gpu_gb\(1, 2, 'zero1', 4, 4, 8\)"):
+        p2.check_memory(mixed_precision_only)
+
+
+# -- the memory arithmetic against the grader's own sharded run ------------------------------------
+
+@pytest.fixture(scope="module")
+def zero_run() -> dict:
+    """``check_zero_memory`` on the reference function, as the hidden test calls it: one launch
+    (DDP, ZeRO-1 and FSDP2 on two gloo processes) that passes, and returns the grader's run."""
+    res = __import__("grader").phase(2).check_zero_memory(_reference_functions()["memory_per_gpu_gb"])
+    assert res is not None, "the grader's sharded run came back unusable"
+    return res
+
+
+def _no_optimizer_shard(n, d, stage, weight_bytes=2, grad_bytes=2, optim_bytes=12):
+    shards = {"ddp": (1, 1), "zero1": (1, 1), "zero2": (1, d), "zero3": (d, d)}[stage]
+    return (weight_bytes * n / shards[0] + grad_bytes * n / shards[1] + optim_bytes * n) / 1e9
+
+
+def _widths_ignored(n, d, stage, weight_bytes=2, grad_bytes=2, optim_bytes=12):
+    return _reference_functions()["memory_per_gpu_gb"](n, d, stage)
+
+
+def _zero1_shards_gradients(n, d, stage, weight_bytes=2, grad_bytes=2, optim_bytes=12):
+    return _reference_functions()["memory_per_gpu_gb"](n, d, "zero2" if stage == "zero1" else stage, weight_bytes,
+                                                       grad_bytes, optim_bytes)
+
+
+@pytest.mark.slow
+def test_the_reference_meets_every_rank_of_the_graders_sharded_run(zero_run):
+    from utils import zero_memory
+
+    assert zero_run["layers"] == list(__import__("grader").phase(2).ZERO_LAYERS) != list(zero_memory.LAYERS)
+    assert set(zero_run["stages"]) == set(zero_memory.STAGES) and zero_run["world_size"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong, match", [
+    (_no_optimizer_shard, r"memory_per_gpu_gb\(34885, 2, 'zero1', 4, 4, 8\) = 0.00055816 GB"),
+    (_widths_ignored, r"'zero1', 4, 4, 8\) = 0.00034885 GB \(348,850 bytes\), but rank 0 .* held 418,304 bytes"),
+    (_zero1_shards_gradients, r"'zero1', 4, 4, 8\) = 0.00034885 GB .* allow 36,860 bytes either way"),
+])
+def test_wrong_memory_answers_fail_on_the_graders_sharded_run(zero_run, wrong, match):
+    with pytest.raises(AssertionError, match=match):
+        __import__("grader").phase(2).zero_memory_ok(wrong, zero_run)
+
+
+@pytest.mark.slow
+def test_a_wrong_answer_fails_the_hidden_tests_own_launch():
+    """The whole path of the hidden test, launch included, on a function that forgets to divide the optimizer state."""
+    p2 = __import__("grader").phase(2)
+    with pytest.raises(AssertionError, match=r"'zero1', 4, 4, 8\) = 0.00055816 GB .* held 418,304 bytes"):
+        p2.check_zero_memory(_no_optimizer_shard)
 
 
 def test_fabricated_or_edited_scaling_fails_before_any_launch(phase2):
