@@ -51,7 +51,7 @@ class _FixedPaths(types.ModuleType):
 
 
 # Checks of a phase kept in a file of their own, loaded with it: phase(2).kernels is phase2_kernels.py
-EXTRA_MODULES = {2: {"kernels": "phase2_kernels"}}
+EXTRA_MODULES = {2: {"kernels": "phase2_kernels"}, 4: {"containers": "phase4_containers"}}
 
 
 def _fresh_loader(root: Path):

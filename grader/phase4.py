@@ -460,27 +460,3 @@ def check_gpu_limits(gpu_limits, docs) -> None:
         want = reference_gpu_limits(d)
         if got != want:
             raise AssertionError(f"gpu_limits on {where} = {got!r:.300}, expected {want!r:.300}")
-
-
-# -- the Kubernetes exercises (gpu_pod, time_slicing_config): grader/phase4_containers.py -----------
-
-def _containers():
-    """``grader/phase4_containers.py``, executed afresh from this module's folder (as ``grader.phase``
-    loads this one) with this module's ``checks``: a notebook cannot patch what grades it."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("_gpulab_fresh_phase4_containers",
-                                                  Path(__file__).with_name("phase4_containers.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.checks = checks
-    return mod
-
-
-def check_gpu_pod(gpu_pod) -> None:
-    _containers().check_gpu_pod(gpu_pod)
-
-
-def check_time_slicing(time_slicing_config) -> None:
-    _containers().check_time_slicing(time_slicing_config)

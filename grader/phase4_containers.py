@@ -4,16 +4,16 @@ by :mod:`utils.k8s_gpu` (Kubernetes' schema through kubernetes-validate, then th
 schema cannot hold), so a manifest written for the notebook's own arguments fails.
 
 Pure and exact: nothing is measured. ``utils.k8s_gpu`` is checked untampered first (a notebook
-that rebound its validators would grade itself). :mod:`grader.phase4` loads this module afresh
-from its file and sets its ``checks`` to the fresh copy it was given (``grader/__init__.py``),
-so the hidden tests call it as ``grader.phase(4).check_gpu_pod``.
+that rebound its validators would grade itself). :func:`grader.phase` loads this module afresh
+beside phase 4's with its fresh ``checks`` (``EXTRA_MODULES`` in ``grader/__init__.py``), so the
+hidden tests call it as ``grader.phase(4).containers.check_gpu_pod``.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from grader import checks  # grader.phase4 rebinds it to its fresh copy: use it at call time only
+from grader import checks  # grader.phase(4) rebinds it to its fresh copy: use it at call time only
 
 VALIDATOR = ("utils.k8s_gpu",)
 # (image, model, GPUs, port): registries, models, GPU counts and ports the notebook does not use

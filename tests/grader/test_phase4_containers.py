@@ -162,7 +162,7 @@ def test_wrong_pods_fail_the_hidden_test(ref, p4, make, passes_visible, match):
         with pytest.raises(Exception):  # noqa: B017 (ManifestError, which the cell shows as it is)
             run("test_gpu_pod", "visible", ns)
     with pytest.raises(AssertionError, match=match):
-        p4.check_gpu_pod(wrong)
+        p4.containers.check_gpu_pod(wrong)
 
 
 def test_a_hard_coded_pod_fails_the_hidden_part_as_nbgrader_runs_it(phase, ref):
@@ -218,7 +218,7 @@ def test_wrong_time_slicing_configs_fail_the_hidden_test(ref, p4, wrong, passes_
         with pytest.raises(Exception):  # noqa: B017
             run("test_time_slicing", "visible", ns)
     with pytest.raises(AssertionError, match=match):
-        p4.check_time_slicing(wrong)
+        p4.containers.check_time_slicing(wrong)
 
 
 def test_a_patched_validator_is_caught(ref, p4, monkeypatch):
@@ -226,4 +226,4 @@ def test_a_patched_validator_is_caught(ref, p4, monkeypatch):
 
     monkeypatch.setattr(k8s_gpu, "validate_vllm_pod", lambda *a, **k: ["fine"])
     with pytest.raises(AssertionError, match="validate_vllm_pod"):
-        p4.check_gpu_pod(requests_only(ref["gpu_pod"]))
+        p4.containers.check_gpu_pod(requests_only(ref["gpu_pod"]))
