@@ -132,9 +132,17 @@ def why_failed(text: str) -> str:
     for ln in reversed(useful):
         if _EXCEPTION_LINE.match(ln):
             return ln[:300]
+    for i in range(len(lines) - 1, -1, -1):  # a C++ exception no one caught: std::terminate, then SIGABRT
+        if lines[i].startswith("what():") and i and lines[i - 1].startswith("terminate called after throwing"):
+            kind = lines[i - 1].split("an instance of", 1)[-1].strip(" '")
+            return f"a rank aborted on an uncaught C++ exception ({kind}): {lines[i][7:].strip()}"[:300]
+        if lines[i].startswith("terminate called without an active exception"):
+            return "a rank aborted: terminate called without an active exception (a thread left running at exit)"
     for ln in reversed(lines):
         if m := _SIGNAL_LINE.search(ln):
-            return f"a process was killed by signal {m.group(1)} ({m.group(2)}): out of memory, or stopped from outside"
+            cause = {"SIGKILL": "out of memory, or stopped from outside", "SIGABRT": "it aborted itself (a failed check "
+                     "or an uncaught C++ error in native code)", "SIGSEGV": "a crash in native code"}.get(m.group(2), "stopped from outside")
+            return f"a process was killed by signal {m.group(1)} ({m.group(2)}): {cause}"
     for ln in reversed(useful):
         if ("error" in ln.lower() or "Exception" in ln) and not ln.startswith(("File ", "Traceback", "raise ")):
             return ln[:300]

@@ -88,3 +88,14 @@ def test_a_machine_failure_is_launched_once_more_and_a_bug_is_not(tmp_path, caps
     with pytest.raises(RuntimeError, match="launched twice"):
         launch._launch(lambda: calls.append(1) or flaky, "fake run --out run.json", out, {}, 60, verbose=False)
     assert len(calls) == launch.LAUNCH_ATTEMPTS
+
+
+def test_an_uncaught_cpp_exception_is_named_before_the_signal_it_raised():
+    text = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+            "  what():  [enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 1046204 vs 1040256\n"
+            "[rank1]: Signal 6 (SIGABRT) received by PID 4242\n")
+    why = launch.why_failed(text)
+    assert why.startswith("a rank aborted on an uncaught C++ exception (gloo::EnforceNotMet): [enforce fail"), why
+    bare = "terminate called without an active exception\nSignal 6 (SIGABRT) received by PID 7"
+    assert "without an active exception" in launch.why_failed(bare)
+    assert "aborted itself" in launch.why_failed("Signal 6 (SIGABRT) received by PID 7")

@@ -178,3 +178,24 @@ def test_workload_validation_is_one_clear_message():
             loadgen.Workload("http://h:1", "m", **kw).validate()
     assert loadgen.Workload("http://h:1", "m", concurrency=1).kind == "synchronous"
     assert "poisson" in loadgen.Workload("http://h:1", "m", request_rate=3).kind
+
+
+def test_prompts_whose_random_ids_never_settle_are_redrawn_from_whole_words():
+    from utils.models import shipped_tokenizer
+
+    tok = shipped_tokenizer()  # byte-level BPE: random ids merge when joined
+    ps = [p for seed in range(40) for p in loadgen.synthetic_prompts(6, 16, seed=seed, tokenizer=tok)]
+    assert [len(tok.encode(p, add_special_tokens=False)) for p in ps] == [16] * len(ps)
+    words = loadgen.workloads._word_ids(tok, set(tok.all_special_ids))
+    assert len(words) > 100 and all(tok.encode(tok.decode([i, i]), add_special_tokens=False) == [i, i] for i in words[:50])
+
+
+def test_a_tokenizer_that_merges_everything_is_a_clear_error():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "a": 1, "aa": 2}  # no pre-tokenizer: "a" + "a" always re-encodes as "aa"
+    tok = Tokenizer(models.BPE(vocab, [("a", "a")], unk_token="[UNK]"))
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    with pytest.raises(loadgen.LoadgenError, match="exactly 5 tokens.*--dataset"):
+        loadgen.synthetic_prompts(3, 5, seed=0, tokenizer=hf)
