@@ -90,8 +90,7 @@ def as_number(value: Any, name: str) -> float:
         mod = type(value).__module__
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or mod not in ("builtins", "numpy"):
         raise AssertionError(f"{name} must be a number (a Python float), got {type(value).__name__}: {value!r:.80}")
-    v = float(value)
-    if not math.isfinite(v):
+    if not math.isfinite(v := float(value)):
         raise AssertionError(f"{name} must be a finite number, got {v}")
     return v
 
@@ -103,14 +102,12 @@ def as_label(value: Any, allowed: tuple[str, ...], name: str) -> str:
 
 
 def assert_close(value: Any, expected: float, name: str, rel: float = 1e-6, abs_tol: float = 0.0) -> None:
-    v = as_number(value, name)
-    if not math.isclose(v, expected, rel_tol=rel, abs_tol=abs_tol):
+    if not math.isclose(v := as_number(value, name), expected, rel_tol=rel, abs_tol=abs_tol):
         raise AssertionError(f"{name} = {v:.6g}, expected {expected:.6g}")
 
 
 def assert_positive(value: Any, name: str) -> float:
-    v = as_number(value, name)
-    if not v > 0:
+    if not (v := as_number(value, name)) > 0:
         raise AssertionError(f"{name} must be positive, got {v:.6g}")
     return v
 
@@ -434,6 +431,10 @@ def _band(spreads: list[tuple[float, bool]], smoke_mode: bool | None, floor: flo
     elif _SLACK["factor"] > 1:
         rel = max(rel, min(LOAD_BAND_CAP[s], math.inf if "wide" in _SLACK else (1 + rel) * _SLACK["factor"] - 1))
     return rel
+
+
+def under_load() -> bool:  # agree() found the machine loaded on an earlier try of this check (bands widened)
+    return _SLACK["factor"] > 1
 
 
 def widened() -> str:  # why this attempt's bands are wider, for a feedback line ("" when they are not)

@@ -236,10 +236,11 @@ def check_optimized(speedup, optimized_tps, baseline_tps, fast_loop, opt_row) ->
         rel = checks.band(ref_n, ref_f)
         checks.say(f"  speedup: grader {ref_sp:.3g}x, yours {sp:.3g}x (band +-{100 * rel:.0f}%{checks.widened()}, "
                    f"at least {floor:g}x on this tier)")
-        if ref_sp < floor:
-            raise AssertionError(f"the grader measured your FastLoop at {ref_sp:.3g}x the naive loop's tokens/s, below "
-                                 f"the {floor:g}x this device tier expects")
         checks.assert_in_band(sp, ref_sp, rel, "speedup", "x")
+        if ref_sp < floor:  # on a loaded machine the two loops do not slow alike: the floor is the machine's doubt there
+            miss = checks.Unusable if checks.under_load() else AssertionError
+            raise miss(f"the grader measured your FastLoop at {ref_sp:.3g}x the naive loop's tokens/s, below "
+                       f"the {floor:g}x this device tier expects")
 
     remeasure.agree(compare, ATTEMPTS)
 
