@@ -256,12 +256,15 @@ def test_numbers_that_do_not_follow_from_the_runs_fail(phase3, monkeypatch, edit
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # five attempts of six runs on the model when the machine is loaded
+@pytest.mark.timeout(1200)  # up to three tries of six runs on the model when the machine is loaded
 def test_a_made_up_gain_fails_the_remeasurement(phase3):
     """Runs consistent with themselves but twenty times the gain the grader measures when it runs
     the scheduler and static batching on the model fail, loaded machine or not (the band is at
-    most x8). The real gain passing is the reference's full marks in tests/grader/test_phase3.py."""
+    most x8). One try on a quiet machine (a miss is timed again only for the machine's sake:
+    tests/grader/test_remeasure.py). The real gain passing is the reference's full marks in
+    tests/grader/test_phase3.py."""
     p3 = phase3(None)
+    p3.ATTEMPTS = 1
     ns = _notebook(p3)
     ns["cont_run"]["time"] = _scaled(ns["cont_run"]["time"], 1 / 20)
     ns["cont_run"]["tokens_per_s"] = ns["cont_run"]["tokens"] / (ns["cont_run"]["time"].median_ms / 1e3)
