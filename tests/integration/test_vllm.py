@@ -81,8 +81,8 @@ SHAPES = {
     # name: (how the model directory is made, start options)
     "mha-gpt2": ({"preset": "gpt2-tiny"}, {}),
     "head-dim-64": ({"config": {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}}, {}),
-    "block-64": ({"preset": "llama-tiny"}, {"block_size": 64, "max_model_len": 200}),
-    "kv-2gib": ({"preset": "qwen-tiny"}, {"kv_cache_gib": 2}),
+    # two settings on one start (each changes the block count the calculator must reproduce)
+    "qwen-block-64-kv-2gib": ({"preset": "qwen-tiny"}, {"block_size": 64, "max_model_len": 200, "kv_cache_gib": 2}),
     "fp8-kv": ({"preset": "llama-tiny"}, {"kv_cache_dtype": "fp8"}),
 }
 
