@@ -117,7 +117,8 @@ def test_a_loop_slower_than_the_naive_one_fails(phase, lab1_loop):
     the machine's load as the naive loop's does), below 1x, the floor on every tier (the CPU tier's
     own minimum is lower)."""
     slow = wrong_loop(lab1_loop["FastLoop"], keep_batch=0.25, honest_claim=True, host_wait=6.0)
-    sp = {"speedup": 0.5, "optimized_tps": 0.5 * lab1_loop["baseline_tps"]}  # what it claims: below the naive loop
+    sp = {"speedup": 0.3, "optimized_tps": 0.3 * lab1_loop["baseline_tps"]}  # what it claims: below the naive loop, within
+    # the smoke band (x2.5 either way, 0.12x to 0.75x) of the 0.16x a clean-clone test run measured: the floor is what fails
     sp["opt_row"] = {**lab1_loop["opt_row"], "tokens_per_s": sp["optimized_tps"]}
     with pytest.raises(AssertionError, match=r"the grader measured your FastLoop at .*x the naive loop's tokens/s, "
                                              r"below the 1x"):
