@@ -307,12 +307,14 @@ def main(argv: list[str] | None = None) -> int:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(res, indent=2))
         print(f"wrote {a.out}")
-    # Leave without the interpreter's teardown: gloo's worker threads can still hold tensors there, and
-    # freeing them while Python shuts down can abort the process (pytorch/pytorch#179291 describes it).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    # Leave without the interpreter's teardown: gloo's worker threads can still hold tensors there, and
+    # freeing them while Python shuts down aborted a rank here 1 launch in 25 ("terminate called without
+    # an active exception"; pytorch/pytorch#179291 describes it).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -7,9 +7,10 @@ Kaggle's environment variables; the course is served from a local bare git repos
 from a snapshot of this working tree (``GPULAB_REPO_URL=file://...``). The setup cell must
 clone it, install nothing (this virtualenv has every package) and leave the lab to run in smoke
 mode with the reference answers typed in, each cell as a learner runs it (nbclient, as nbgrader
-executes): whole for two labs (:data:`WHOLE`), to the device cell for the others. The cases where the course cannot be had (a wrong URL, no URL and no zip,
-the old placeholder URL) must end the cell with one line that says what to do, and no
-traceback; an uploaded zip or an attached Kaggle dataset must be found.
+executes): whole for two labs (:data:`WHOLE`), to the device cell for the others. The cases
+where the course cannot be had (a wrong URL, no URL and no zip, the old placeholder URL) must
+end the cell with one line that says what to do, and no traceback; an uploaded zip or an
+attached Kaggle dataset must be found.
 """
 from __future__ import annotations
 

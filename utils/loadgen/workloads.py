@@ -181,7 +181,7 @@ def synthetic_prompts(n: int, input_len: int, *, seed: int = 0, tokenizer=None) 
             ids = ids[:input_len] + list(rng.choice(vocab, size=max(0, input_len - len(ids))))
         text = tokenizer.decode(ids)
         if length(text) != input_len:
-            words = _word_ids(tokenizer, special) if words is None else words
+            words = _word_ids(tokenizer, vocab) if words is None else words
             text = tokenizer.decode(list(rng.choice(words, size=input_len))) if words else text
             if length(text) != input_len:
                 raise LoadgenError(f"could not build a prompt of exactly {input_len} tokens with this tokenizer "
@@ -190,17 +190,18 @@ def synthetic_prompts(n: int, input_len: int, *, seed: int = 0, tokenizer=None) 
     return prompts
 
 
-def _word_ids(tokenizer, special: set) -> list[int]:
-    """Ids of tokens that are one space-led word and decode and re-encode to themselves, so a
-    run of them keeps its length under whitespace pre-tokenizers (GPT-2's byte-level BPE,
-    SentencePiece's ``\u2581``-led pieces). Written here: tokenizers offers no such query."""
+def _word_ids(tokenizer, vocab: list[int], enough: int = 2048) -> list[int]:
+    """Up to ``enough`` ids of ``vocab`` whose token is one space-led word and decodes and
+    re-encodes to itself, so a run of them keeps its length under whitespace pre-tokenizers
+    (GPT-2's byte-level BPE, SentencePiece's space-led pieces). Written here: tokenizers offers
+    no such query."""
     out = []
-    for i in range(len(tokenizer)):
-        if i in special:
-            continue
+    for i in vocab:
         text = tokenizer.decode([i, i])
         if re.fullmatch(r" ?[A-Za-z]{2,} [A-Za-z]{2,}", text) and tokenizer.encode(text, add_special_tokens=False) == [i, i]:
             out.append(i)
+            if len(out) >= enough:
+                break
     return out
 
 
