@@ -220,7 +220,7 @@ class EngineOptions:
     block_size: int | None = None  # default: the engine's own (vLLM GPU 16, vLLM CPU 128)
     kv_cache_gib: float | None = None  # vLLM CPU build: VLLM_CPU_KVCACHE_SPACE (whole GiB, default 1)
     kv_cache_tokens: int | None = None  # transformers serve's continuous-batching cache
-    gpu_memory_fraction: float = 0.45  # vLLM --gpu-memory-utilization, SGLang --mem-fraction-static
+    gpu_memory_fraction: float = 0.4  # vLLM --gpu-memory-utilization, SGLang --mem-fraction-static
     continuous_batching: bool = True  # transformers serve only: the others always batch
     enforce_eager: bool = False  # vLLM: no compile, no CUDA graphs
 

@@ -24,7 +24,8 @@ GPU). The terms:
   state, the activations as above plus the fp32 copy of each adapted layer's input (PEFT keeps
   the adapters in fp32 and casts their input to it), and the logits with the loss.
 - a serving engine whose memory is a share of the card that the engine itself enforces (vLLM's
-  ``--gpu-memory-utilization``, its CUDA context included) is that share: ``fixed``.
+  ``--gpu-memory-utilization``) is that share plus what its processes hold outside it
+  (:data:`ENGINE_OUTSIDE_SHARE_GIB`), with no margin: ``fixed``.
 
 How close these come to measured peaks is checked in ``tests/utils/test_tier_plan.py``
 against peaks measured on one H200 (``benchmarks/RESULTS.md``).
@@ -41,6 +42,12 @@ LORA_R = 16  # utils.training.FinetuneRecipe.lora_r, on every linear layer
 NF4_BYTES_PER_WEIGHT = 4.127 / 8  # NF4 with double quantization (utils/quantize.py)
 INT8_BYTES_PER_WEIGHT = 1 + 4 / 2048  # one byte, one fp32 scale per output row of 2048
 SERVE_OVERHEAD_GIB = 0.5  # activations and buffers of a serving process beside weights and cache (an estimate)
+# What a vLLM engine's processes hold beyond their --gpu-memory-utilization share (their CUDA
+# contexts, and what vLLM allocates outside the share it sizes its KV cache from). Measured, not
+# derived: NVML accounted 8.48 GiB to the engine of lab 03 for a 7.50 GiB share (vLLM 0.26.0, one
+# H200 rehearsing a T4; benchmarks/RESULTS.md, "The labs as a T4 learner runs them"); a T4's
+# own CUDA context is smaller than an H200's, so on a T4 this errs high.
+ENGINE_OUTSIDE_SHARE_GIB = 1.0
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,11 @@ def serve_gib(preset: str, kv_tokens: int, dtype_bytes: float, quant: str = "non
     return w + kv_gib(preset, 1, kv_tokens, dtype_bytes) + SERVE_OVERHEAD_GIB
 
 
+def engine_gib(share_gib: float) -> float:
+    """GPU memory a vLLM engine holds for a ``--gpu-memory-utilization`` share of ``share_gib``."""
+    return share_gib + ENGINE_OUTSIDE_SHARE_GIB
+
+
 def dpo_gib(preset: str, batch: int, seq: int, precision: str) -> float:
     """A TRL DPO step: the policy trains on chosen and rejected together (``2 x batch``
     sequences) beside a frozen reference copy that runs the same sequences without gradients."""
@@ -185,7 +197,7 @@ class Other:
 
     what: str
     gib: float
-    fixed: bool = False  # a share the process enforces itself (its CUDA context included): no margin
+    fixed: bool = False  # a share the process enforces itself, plus what it holds outside it: no margin
 
 
 @dataclass(frozen=True)
@@ -205,7 +217,7 @@ class Context:
     card_gib: float
     multi_gpu: bool  # lab 02: one training process per GPU over NCCL (else CPU processes)
     vllm: bool  # vLLM's CUDA build runs on this card
-    engine_share: float = 0.45  # vLLM's --gpu-memory-utilization in lab 04 (utils.serve.start's default)
+    engine_share: float = 0.4  # vLLM's --gpu-memory-utilization in lab 04 (utils.serve.start's default)
     lab03_engine_share: float = 0.5  # the same in lab 03's vLLM cell
 
 
@@ -261,14 +273,14 @@ def _lab03(s, c: Context) -> list[Moment]:
                   resident + model + forward_gib(s.model, s.ppl_seq_len, d))]
     if c.vllm:
         out.append(Moment("vLLM engine beside the notebook's model", resident,
-                          (Other("vLLM engine", c.lab03_engine_share * c.card_gib, fixed=True),)))
+                          (Other("vLLM engine", engine_gib(c.lab03_engine_share * c.card_gib), fixed=True),)))
     return out
 
 
 def _lab04(s, c: Context) -> list[Moment]:
     kv_tokens = s.num_requests * s.max_len
     if c.vllm:
-        share = c.engine_share * c.card_gib
+        share = engine_gib(c.engine_share * c.card_gib)
         return [Moment("two vLLM engines (the served model and one other configuration, section 6)", 0.0,
                        (Other("vLLM engine", share, True), Other("vLLM engine", share, True)))]
     return [Moment("two transformers serve processes (continuous batching and bnb-4bit, section 6)", 0.0,

@@ -91,7 +91,7 @@ def engine_memory_fraction(requested: float, index: int = 0) -> float:
     card's memory, as on the card itself (``requested`` unchanged when nothing is rehearsed).
 
     A share of the card, not of this GPU and not capped at the whole card: lab 04 keeps its engine
-    up while a comparison engine starts beside it, and on a 15 GiB T4 two engines at 0.45 each fit
+    up while a comparison engine starts beside it, and on a 15 GiB T4 two engines at 0.4 each fit
     where two engines holding a whole T4's memory each do not."""
     c = card(index)
     return requested if c is None else requested * c.memory_gib / _device_gib(index)

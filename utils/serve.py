@@ -275,7 +275,7 @@ def _warm_up(base_url: str, model: str, timeout_s: float) -> str | None:
 def start(model_dir: str | os.PathLike, *, engine: str = "auto", quantization: str | None = None,
           kv_cache_dtype: str | None = None, continuous_batching: bool = True, device: str | None = None,
           kv_cache_tokens: int | None = None, kv_cache_gib: float | None = None, max_model_len: int | None = None,
-          block_size: int | None = None, gpu_memory_fraction: float = 0.45, enforce_eager: bool = False,
+          block_size: int | None = None, gpu_memory_fraction: float = 0.4, enforce_eager: bool = False,
           host: str = "127.0.0.1", port: int | None = None, timeout_s: float | None = None,
           log_dir: str | os.PathLike | None = None, warm_up: bool = True) -> Server:
     """Start ``engine`` on a model directory and wait until it streams text; the one starter of
@@ -287,7 +287,9 @@ def start(model_dir: str | os.PathLike, *, engine: str = "auto", quantization: s
     serve only (vLLM and SGLang always batch). ``kv_cache_tokens``: transformers' cache size
     (None: 80% of free memory); ``kv_cache_gib``: vLLM's CPU build (``VLLM_CPU_KVCACHE_SPACE``,
     whole GiB, default 1); ``gpu_memory_fraction``: vLLM's ``--gpu-memory-utilization`` and
-    SGLang's ``--mem-fraction-static``. ``max_model_len`` (default: the model's
+    SGLang's ``--mem-fraction-static``, 0.4 by default so that two engines fit one 15 GiB T4 beside
+    the notebook (lab 04 starts a comparison engine while its own is up; each engine also holds
+    about 1 GiB outside its share, ``utils.lab_memory.ENGINE_OUTSIDE_SHARE_GIB``). ``max_model_len`` (default: the model's
     ``max_position_embeddings``) and ``block_size`` (default: the engine's) go to vLLM and
     SGLang. ``enforce_eager``: vLLM without compile and CUDA graphs (on vLLM 0.32's CPU build
     the worker then dies at the first request: pass ``warm_up=False`` to only read what it

@@ -188,6 +188,8 @@ MEASURED = [
     ("LoRA without checkpointing", lab_memory.lora_gib("llama-1.1b", 8, 512, checkpointing=False), 14.71),
     ("QLoRA, lean", lab_memory.lora_gib("llama-1.1b", 8, 512, checkpointing=True, quant="nf4"), 2.70),
     ("TRL DPO, 1 GPU, batch 8 x 1024, bf16", lab_memory.dpo_gib("gpt2-small", 8, 1024, "bf16"), 19.52),
+    ("vLLM 0.26.0 engine for a 7.5 GiB share (lab 03 rehearsing a T4), NVML's count for its processes",
+     lab_memory.engine_gib(0.5 * 15.0), 8.48),
 ]
 
 
