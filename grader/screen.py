@@ -91,7 +91,7 @@ class Finding:
         return f"{self.cell}, line {self.line}: {self.code} ({self.reason})"
 
 
-def _python(source: str) -> str:
+def as_python(source: str) -> str:
     """IPython syntax (magics, ``!`` commands, ``x?``) as the Python IPython itself runs."""
     from IPython.core.inputtransformer2 import TransformerManager
 
@@ -104,7 +104,7 @@ def module_aliases(sources: Iterable[str]) -> set[str]:
     out = set()
     for src in sources:
         try:
-            tree = ast.parse(_python(src))
+            tree = ast.parse(as_python(src))
         except SyntaxError:
             continue
         for node in ast.walk(tree):
@@ -226,7 +226,7 @@ def _writes(node: ast.Call) -> bool:
 def screen_source(source: str, cell: str = "cell", modules: set[str] | None = None) -> list[Finding]:
     """The findings in one cell's source. ``modules``: the names bound to modules anywhere in
     the notebook (:func:`module_aliases`); by default those of this cell."""
-    text = _python(source)
+    text = as_python(source)
     try:
         tree = ast.parse(text)
     except SyntaxError:

@@ -94,6 +94,19 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
         rep = reports.get(cell["cell"], {"mode": "-", "message": "not run" if result["status"] != "ok" else ""})
         cell.update(rep)
         cell["passed"] = cell["score"] >= cell["points"] and cell["points"] > 0
+    if result["status"] == "ok" and C.autograded_path(course, assignment, student).is_file():
+        from grader import clean_room
+
+        passed = {c["cell"] for c in grades["cells"] if c.get("mode") != "manual" and c.get("score", 0) > 0}
+        found = clean_room.verdicts(C.autograded_path(course, assignment, student), cwd=C.REPO_ROOT, only=passed)
+        notes = clean_room.apply(grades["cells"], found)
+        if notes:
+            grades["score"] = max(0.0, grades["score"] - sum(c["kernel_score"] for c in grades["cells"]
+                                                              if "kernel_score" in c))
+            clean_room.hold_in_gradebook(course, assignment, student, grades["cells"])
+            result["notes"] += notes
+        result["clean_room"] = {"checked": sorted(k for k, v in found.items() if v[0] is not None),
+                                "disagreed": sorted(c["cell"] for c in grades["cells"] if "kernel_score" in c)}
     if result["status"] != "ok":
         grades["score"] = 0.0
         for cell in grades["cells"]:

@@ -146,6 +146,14 @@ with sqlite3.connect(_db) as _c:  # the course copy's gradebook, while it is bei
     _c.execute("update grade set extra_credit = 5, manual_score = 9")
     _c.execute("update grade_cells set max_score = 0")"""
 
+# the five-line cheat: every later cell that mentions a check becomes ``pass``; with wrong answers
+TRANSFORMER = """def _skip(lines):
+    return ["pass\\n"] if any("assert" in ln or "checks." in ln for ln in lines) else lines
+get_ipython().input_transformers_cleanup.append(_skip)
+def double(x):
+    return x + 1
+value = 7"""
+
 DAEMON = """import subprocess
 _p = subprocess.Popen(["sleep", "300"], start_new_session=True)
 print("daemon pid", _p.pid)"""
@@ -170,6 +178,7 @@ def graded(released, tmp_path_factory):
     put("edits_grader", edits)
     put("writes_gradebook", _after(copy.deepcopy(rel), "setup", WRITE_GRADEBOOK))
     put("daemon", _after(_answered(rel), "setup", DAEMON))
+    put("transformer", _after(copy.deepcopy(rel), "setup", TRANSFORMER))
     dup = _answered(rel)
     dup["cells"].append(copy.deepcopy(next(c for c in dup["cells"] if gid(c) == "test_double")))  # Jupyter copy-paste
     renamed = copy.deepcopy(next(c for c in dup["cells"] if gid(c) == "test_value"))
@@ -223,6 +232,18 @@ def test_kernel_hooks_do_not_turn_failing_tests_into_points(graded, student):
     r = graded["results"][student]
     assert r["score"] == 0, messages(r)
     assert "NameError" in messages(r)
+
+
+def test_a_transformer_that_skips_every_test_passes_the_kernel_and_fails_the_clean_process(graded):
+    # in the kernel every test cell became ``pass``; the clean process ran the same tests on the
+    # answers' definitions (double(21) = 22, value = 7) and both cells are held at 0
+    r = graded["results"]["transformer"]
+    assert r["score"] == 0 and r["clean_room"]["disagreed"] == ["test_double", "test_value"], messages(r)
+    assert all(c["kernel_score"] == c["points"] for c in r["cells"]), "the kernel was not fooled: no test of this"
+    assert "failed when the grader ran them on your definitions in a clean process" in messages(r)
+    assert "double(21)" in messages(r) or "AssertionError" in messages(r)
+    assert graded["results"]["zz_reference"]["clean_room"] == {"checked": ["test_double", "test_value"],
+                                                               "disagreed": []}
 
 
 def test_scores_written_into_the_gradebook_by_the_notebook_do_not_count(graded):

@@ -158,3 +158,54 @@ def test_the_real_grader_holds_the_five_line_cheat_for_review(tmp_path):
     assert res["status"].startswith("held for review") and "get_ipython" in res["status"]
     assert "rewrites later cells" in p.stdout and "--no-screen" in p.stdout
     assert all(c["message"] == "not graded" for c in res["cells"])
+
+
+WRONG_PURE_ANSWERS = '''
+def arithmetic_intensity(flops, nbytes):
+    return 1.0
+def achieved_tflops(flops, ms):
+    return 1.0
+def achieved_bandwidth_gbs(nbytes, ms):
+    return 1.0
+def classify_bound(intensity, achieved, peak, bandwidth):
+    return "compute"
+'''
+WRONG_SWEEP_ANSWERS = '''import math
+def quantization(m, n, sm_count, tile=128):
+    return (m * n // tile**2, 1, 1.0)
+def predict_slow(m, n, k, sm_count, dtype_bytes):
+    return False
+'''
+
+
+def test_the_clean_process_fails_the_five_line_cheat_even_unscreened(tmp_path):
+    """The same cheat with wrong answers, graded with the screen off (``--no-screen``): every
+    test cell became ``pass`` in the kernel, and each cell the clean process can check
+    (grader/clean_room.py) is held at 0 there. The cells that read what the notebook measured
+    cannot be checked outside the kernel and keep the kernel's verdict: the screen is their
+    defence (docs/grading.md)."""
+    import subprocess
+    import sys
+
+    from grader import clean_room
+
+    nb = _release("00_foundations")
+    answer = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("solution")
+                  and c["cell_type"] == "code")
+    answer["source"] = FIVE_LINES + WRONG_PURE_ANSWERS
+    sweep = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("solution")
+                 and "def quantization" in "".join(c["source"]))
+    sweep["source"] = WRONG_SWEEP_ANSWERS
+    path = tmp_path / "00_foundations.ipynb"
+    path.write_text(json.dumps(nb))
+    out = tmp_path / "res.json"
+    p = subprocess.run([sys.executable, "-m", "grader", "check", str(path), "--json-out", str(out), "--no-screen"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    res = json.loads(out.read_text())
+    pure = sorted(clean_room.job(json.loads((ROOT / "grader" / "source" / "00_foundations" /
+                                             "00_foundations.ipynb").read_text()))["cells"])
+    assert pure == ["test_bound", "test_intensity", "test_quantization", "test_rates"]
+    cells = {c["cell"]: c for c in res["cells"]}
+    for cid in pure:
+        assert cells[cid]["score"] == 0 and "clean process" in cells[cid]["message"], p.stdout + p.stderr
+        assert cells[cid]["kernel_score"] == cells[cid]["points"], "the kernel was not fooled: nothing tested"

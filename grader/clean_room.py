@@ -1,0 +1,287 @@
+"""A second verdict on a graded cell, from a process the learner's kernel never touched.
+
+nbgrader runs the hidden tests in the learner's kernel, after the learner's cells, so whatever
+those cells left in the kernel (an IPython input transformer, an event callback, a display hook,
+a patched builtin) runs around the tests. The static screen (``grader/screen.py``) holds for
+review every construct known to do that; this module does not depend on knowing them.
+
+After the notebook is graded, a fresh Python process (no IPython, no kernel, none of the
+notebook's state) is built from text alone:
+
+1. the imports and literal constants of the course's own locked cells (``from grader import
+   checks``, ``utils``...);
+2. the learner's definitions, read as text from every cell the release does not lock (the
+   answer cells and any cell the learner added): ``def``, ``class``, ``import`` and assignments
+   of values that run nothing to compute (constants, lambdas); nothing else of those cells runs, so a statement that installs
+   something in the interpreter never runs here;
+3. each graded cell's tests (visible and hidden, as the release has them), by direct execution,
+   one at a time, when every name they read is defined by 1 or 2 or by the cell itself. A cell
+   that reads a value the notebook computed (a measurement, a record) cannot be checked here and
+   keeps its kernel verdict alone.
+
+A cell that passed in the kernel but whose tests raise ``AssertionError`` here scores 0, with
+both verdicts in the feedback (:func:`apply`). Any other error here (a ``NameError`` because an
+answer's function reads a notebook global, an import the notebook installed) says nothing about
+the answer: the cell keeps its kernel verdict and the reason is noted. What this still cannot
+defend is in ``docs/grading.md``, "What the clean process cannot see".
+
+Written by hand: nbgrader has no mode that runs tests outside the kernel, and nbclient runs cells
+only in a kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CELL_TIMEOUT_S = 30  # a cell whose tests take longer here is left to its kernel verdict
+TOTAL_TIMEOUT_S = 180  # the whole clean run; cells not reached keep their kernel verdict
+BUILTINS = set(dir(builtins))
+
+
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _parse(source: str) -> ast.Module | None:
+    """The cell as the Python IPython runs (a magic becomes a ``get_ipython()`` call, which no
+    cell checked here may read); None when it does not parse."""
+    from grader.screen import as_python
+
+    try:
+        return ast.parse(as_python(source))
+    except SyntaxError:
+        return None
+
+
+def _bound(node: ast.AST) -> set[str]:
+    """Names a statement binds at the top of a module."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"}
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _runs_nothing(node: ast.AST) -> bool:
+    """An expression whose evaluation calls nothing: literals, names, lambdas (their bodies run
+    only when called), containers of those."""
+    if isinstance(node, ast.Lambda):
+        return all(_runs_nothing(d) for d in node.args.defaults + [d for d in node.args.kw_defaults if d])
+    if isinstance(node, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr, ast.Subscript,
+                         ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.BinOp)):
+        return isinstance(node, ast.BinOp) and _runs_nothing(node.left) and _runs_nothing(node.right)
+    return all(_runs_nothing(c) for c in ast.iter_child_nodes(node))
+
+
+def _literal(node: ast.AST) -> bool:
+    """An assignment to plain names of a value that runs nothing to compute (``N = 4``,
+    ``CHOICE = {"engine": "vllm"}``, ``f = lambda x: x``)."""
+    if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+        return False
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return all(isinstance(t, ast.Name) for t in targets) and _runs_nothing(node.value)
+
+
+def _reads(tree: ast.Module) -> set[str]:
+    """Names a cell reads that it does not bind itself (approximately: anything it binds anywhere
+    counts as bound, which may let a cell run here that then fails on a NameError, never the reverse)."""
+    loaded, bound = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (loaded if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound |= _bound(n)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return loaded - bound
+
+
+def _course_cell(md: dict) -> bool:
+    """A cell the release locks (setup, prose code) or grades; every other code cell is the
+    learner's: the answer cells and any cell they added."""
+    return bool(md.get("locked") or md.get("grade")) and not md.get("solution")
+
+
+def job(nb: dict) -> dict:
+    """What the clean process runs, read from a graded notebook: the locked cells' imports and
+    constants, the learner's definitions, and the graded cells it can check (``skipped``: the
+    others, with why). A definition that would rebind a builtin or a name the course's cells
+    import (``all``, ``checks``) is left out, so that a test reads what it was written against."""
+    prelude, definitions, cells, skipped = [], [], {}, {}
+    for cell in nb.get("cells", []):
+        md = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") != "code" or (md.get("grade") and not md.get("solution")):
+            continue
+        tree = _parse(_source(cell))
+        if tree is None:
+            continue
+        if _course_cell(md):
+            prelude += [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or _literal(n)]
+        else:
+            definitions += [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef,
+                                                                    ast.AsyncFunctionDef, ast.ClassDef)) or _literal(n)]
+    reserved, course = set(BUILTINS), []
+    for src in prelude:  # the course's constants, kept only where they read nothing the notebook computed
+        n = ast.parse(src).body[0]
+        if isinstance(n, (ast.Import, ast.ImportFrom)) or not _reads(ast.Module([n], [])) - reserved:
+            course.append(src)
+            reserved |= _bound(n)
+    prelude = course
+    kept, known = [], set(reserved)
+    for n in definitions:  # an assignment that reads what the notebook computed is left to the kernel
+        if _bound(n) & reserved or (isinstance(n, (ast.Assign, ast.AnnAssign)) and _reads(ast.Module([n], [])) - known):
+            continue
+        kept.append(n)
+        known |= _bound(n)
+    for cell in nb.get("cells", []):
+        md = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") != "code" or not md.get("grade") or md.get("solution"):
+            continue
+        tree = _parse(_source(cell))
+        missing = sorted(_reads(tree) - known) if tree is not None else ["(not plain Python)"]
+        if missing:
+            skipped[md["grade_id"]] = "reads what the notebook computed: " + ", ".join(missing[:5])
+        else:
+            cells[md["grade_id"]] = ast.unparse(tree)
+    left_out = sorted({name for n in definitions if n not in kept for name in _bound(n)})
+    return {"prelude": prelude, "definitions": [ast.unparse(n) for n in kept], "cells": cells, "skipped": skipped,
+            "left_out": left_out}
+
+
+class _CellTimeout(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _CellTimeout
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def run(spec: dict) -> dict:
+    """Run ``spec`` (:func:`job`) in this process: the verdict of each cell, ``True`` (passed),
+    ``False`` (an assertion failed) or ``None`` (could not be checked here), with a line why."""
+    cell_timeout_s = int(spec.get("cell_timeout_s", CELL_TIMEOUT_S))
+    ns: dict = {"__name__": "__clean_room__"}
+    out: dict = {}
+    for src in spec["prelude"] + spec["definitions"]:
+        try:
+            exec(compile(src, "<definitions>", "exec"), ns)
+        except Exception as exc:  # an answer's import that fails here is not the answer's fault
+            out["_setup"] = f"{src.splitlines()[0][:80]}: {_first_line(exc)}"
+    signal.signal(signal.SIGALRM, _alarm)
+    for grade_id, src in spec["cells"].items():
+        signal.alarm(cell_timeout_s)
+        try:
+            exec(compile(src, f"<{grade_id}>", "exec"), ns)
+            out[grade_id] = [True, ""]
+        except AssertionError as exc:
+            out[grade_id] = [False, _first_line(exc)]
+        except _CellTimeout:
+            out[grade_id] = [None, f"took over {cell_timeout_s} s here"]
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt included: no verdict, not a failure
+            out[grade_id] = [None, _first_line(exc)]
+        finally:
+            signal.alarm(0)
+    return out
+
+
+def verdicts(nb_path: Path, *, timeout_s: float = TOTAL_TIMEOUT_S, cwd: Path | None = None,
+             only: set[str] | None = None) -> dict:
+    """The clean process's verdicts on a graded notebook: ``{grade_id: [ok, why]}``, ``ok`` as in
+    :func:`run`; cells it could not run are ``[None, why]``. ``cwd``: where the notebook ran (its
+    code copy), so that ``grader`` and ``utils`` import from the same files. ``only``: the cells
+    worth a second verdict (those that passed in the kernel); no process starts when none is."""
+    spec = job(json.loads(Path(nb_path).read_text()))
+    if only is not None:
+        spec["cells"] = {k: v for k, v in spec["cells"].items() if k in only}
+    out = {k: [None, why] for k, why in spec["skipped"].items()}
+    if not spec["cells"]:
+        return out
+    with tempfile.TemporaryDirectory(prefix="gpulab-clean-") as tmp:
+        job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "verdicts.json"
+        job_path.write_text(json.dumps({**spec, "cell_timeout_s": CELL_TIMEOUT_S}))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY", "IPY", "JUPYTER"))}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd) if cwd else "", env.get("PYTHONPATH", "")) if p)
+        t0 = time.monotonic()
+        try:
+            subprocess.run([sys.executable, "-m", "grader.clean_room", str(job_path), str(result_path)], cwd=cwd or None,
+                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=timeout_s, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            got = json.loads(result_path.read_text())
+        except (OSError, ValueError):
+            got = {}
+        why = f"the clean process stopped after {time.monotonic() - t0:.0f} s" if not got else ""
+    for k in spec["cells"]:
+        out[k] = got.get(k) or [None, why or "not reached"]
+    if got.get("_setup"):
+        out["_setup"] = [None, got["_setup"]]  # a definition that did not run here (its cells say so too)
+    return out
+
+
+def apply(cells: list[dict], found: dict) -> list[str]:
+    """Score 0 every cell (a worker's per-cell grades) that passed in the kernel and failed here;
+    returns the notes to report. ``found``: :func:`verdicts`."""
+    notes = []
+    for cell in cells:
+        ok, why = found.get(cell["cell"], [None, ""])
+        if ok is False and cell.get("mode") != "manual" and cell.get("score", 0) > 0:
+            cell["kernel_score"], cell["score"], cell["passed"] = cell["score"], 0.0, False
+            cell["message"] = ("passed in the notebook's kernel, but its tests failed when the grader ran them on "
+                               f"your definitions in a clean process ({why}); held at 0 for an instructor to review")
+            notes.append(f"{cell['cell']}: kernel and clean process disagree ({why})")
+    return notes
+
+
+def hold_in_gradebook(root: Path, assignment: str, student: str, cells: list[dict]) -> None:
+    """Write the zeros :func:`apply` gave into the course copy's gradebook, as manual scores, so
+    nbgrader's feedback, formgrader and exports show them (the instructor can give the points back)."""
+    from nbgrader.api import Gradebook
+
+    held = [c["cell"] for c in cells if "kernel_score" in c]
+    if not held:
+        return
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        for grade_id in held:
+            grade = gb.find_grade(grade_id, assignment, assignment, student)
+            grade.manual_score = 0.0
+        gb.db.commit()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grader.clean_room", description=__doc__.splitlines()[0])
+    p.add_argument("job", type=Path, help="the JSON that grader.clean_room.job wrote")
+    p.add_argument("result", type=Path, help="where the verdicts go")
+    a = p.parse_args(argv)
+    # the verdicts are written by this process before the answers' code could change it: a handle
+    # opened now, and the answers' definitions cannot see the path's name (it is not in their namespace)
+    handle = open(a.result, "w")  # noqa: SIM115
+    out = run(json.loads(a.job.read_text()))
+    handle.write(json.dumps(out))
+    handle.close()
+    return 0
+
+
+if __name__ == "__main__":
+    os._exit(main())

@@ -1,0 +1,98 @@
+"""The clean process's second verdict (grader/clean_room.py): the tests of a graded cell run again
+on the learner's definitions alone, in a process no kernel touched. Each lab's reference passes
+there; a wrong answer fails there whatever its kernel did; what cannot be checked there is left
+to the kernel's verdict, never failed. The grader's batch using it is in test_hostile.py."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grader import clean_room
+
+ROOT = Path(__file__).resolve().parents[2]
+LABS = ("00_foundations", "01_single_gpu", "02_multi_gpu", "03_inference_serving", "04_benchmarking_production",
+        "05_hardware_and_cost")
+
+
+def _cell(source: str, grade_id: str, *, grade=False, solution=False, locked=False) -> dict:
+    md = {"grade_id": grade_id, "grade": grade, "solution": solution, "locked": locked, "schema_version": 3}
+    return {"cell_type": "code", "metadata": {"nbgrader": md}, "outputs": [], "source": source}
+
+
+def _nb(answer: str, *extra: dict) -> dict:
+    return {"cells": [_cell("from grader import checks\nLIMIT = 3", "setup", locked=True),
+                      _cell(answer, "answer", solution=True), *extra,
+                      _cell("assert double(2) == 4\n### BEGIN HIDDEN TESTS\n"
+                            "checks.assert_close(double(21), 42, 'double(21)')\nassert all([double(LIMIT) == 6])\n"
+                            "### END HIDDEN TESTS", "test_double", grade=True, locked=True),
+                      _cell("assert measured > 0", "test_measured", grade=True, locked=True)]}
+
+
+def _verdicts(tmp_path: Path, nb: dict, **kw) -> dict:
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    return clean_room.verdicts(path, cwd=ROOT, **kw)
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_reference_passes_each_cell_it_can_check(lab):
+    found = clean_room.verdicts(ROOT / "grader" / "source" / lab / f"{lab}.ipynb", cwd=ROOT)
+    checked = {k: v for k, v in found.items() if v[0] is not None}
+    assert checked, f"{lab}: no graded cell could be checked in the clean process"
+    assert all(ok for ok, _ in checked.values()), checked
+
+
+def test_a_wrong_answer_fails_there_and_what_ran_around_it_does_not(tmp_path):
+    # the statements that would change the interpreter never run; a definition shadowing a builtin
+    # (``all``) or a course name (``checks``) is left out, so the tests read what they were written for
+    answer = ("import builtins\nbuiltins.AssertionError = Warning\nall = lambda xs: True\n"
+              "class checks:\n    assert_close = staticmethod(lambda *a, **k: None)\n"
+              "def double(x):\n    return x + 2")
+    found = _verdicts(tmp_path, _nb(answer))
+    assert found["test_double"][0] is False and "double(21)" in found["test_double"][1], found
+    assert found["test_measured"] == [None, "reads what the notebook computed: measured"]
+
+
+def test_the_right_answer_passes_from_a_cell_the_learner_added(tmp_path):
+    helper = _cell("def double(x):\n    return x * 2\nmeasured = run_the_benchmark()", "mine")
+    helper["metadata"] = {}  # a cell the learner added: no nbgrader metadata
+    found = _verdicts(tmp_path, _nb("raise NotImplementedError()", helper))
+    assert found["test_double"] == [True, ""], found
+    assert found["test_measured"][0] is None  # computed by a call: not run here, left to the kernel
+
+
+@pytest.mark.parametrize("answer, why", [
+    ("def double(x):\n    return x * FACTOR", "NameError"),  # reads a notebook global: not the answer's fault
+    ("def double(x):\n    while True:\n        pass", "took over 2 s"),
+    ("def double(x):\n    raise SystemExit(0)", "SystemExit"),
+])
+def test_what_cannot_be_checked_there_keeps_the_kernel_verdict(tmp_path, answer, why, monkeypatch):
+    monkeypatch.setattr(clean_room, "CELL_TIMEOUT_S", 2)
+    found = _verdicts(tmp_path, _nb(answer))
+    assert found["test_double"][0] is None and why in found["test_double"][1], found
+
+
+def test_a_run_that_stops_early_fails_nothing(tmp_path):
+    found = _verdicts(tmp_path, _nb("import os\ndef double(x):\n    os._exit(0)"))
+    assert found["test_double"][0] is None, found
+
+
+def test_apply_holds_only_cells_that_passed_in_the_kernel():
+    cells = [{"cell": "a", "points": 2, "score": 2.0, "mode": "-"}, {"cell": "b", "points": 1, "score": 0.0},
+             {"cell": "c", "points": 1, "score": 1.0}, {"cell": "w", "points": 2, "score": 0.0, "mode": "manual"}]
+    notes = clean_room.apply(cells, {"a": [False, "AssertionError: x"], "b": [False, "AssertionError: y"],
+                                     "c": [None, "NameError: n"], "w": [False, ""]})
+    assert [c["score"] for c in cells] == [0.0, 0.0, 1.0, 0.0] and cells[0]["kernel_score"] == 2.0
+    assert "clean process" in cells[0]["message"] and "kernel_score" not in cells[1] and len(notes) == 1
+
+
+def test_the_docs_name_how_many_cells_the_clean_process_checks():
+    checked = total = 0
+    for lab in LABS:
+        nb = json.loads((ROOT / "grader" / "source" / lab / f"{lab}.ipynb").read_text())
+        checked += len(clean_room.job(nb)["cells"])
+        total += sum(1 for c in nb["cells"] if c["cell_type"] == "code" and c["metadata"].get("nbgrader", {}).get("grade"))
+    text = " ".join((ROOT / "docs" / "grading.md").read_text().split())
+    assert f"{checked} of the {total} graded code cells" in text
