@@ -7,7 +7,8 @@ hooks that clear a failing test's error, a displayed number read as partial cred
 written into the course copy's gradebook, a rebound
 ``grader.COURSE_ROOT``, a grading variable set in ``os.environ``, the grader's own file
 rewritten on disk and then put back, a process left running, duplicated cells, a record that
-vanished before grading. The rest needs no kernel: unreadable files, links out of the
+vanished before grading, and an input transformer that turns every test into ``pass`` (which
+the clean process, grader/clean_room.py, catches). The rest needs no kernel: unreadable files, links out of the
 submissions folder, pipes and devices, malformed metadata, a killed worker's process tree.
 About 40 s on two idle cores.
 """
