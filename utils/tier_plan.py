@@ -307,7 +307,8 @@ def _lab02(card, s, ok, why):
         runs = ["the multi-process cells as 2 CPU processes over gloo at smoke sizes (the same scripts, graded as plumbing)"]
         skipped["scaling across GPUs"] = (f"{'one GPU' if card.gpu else 'no GPU'}: DDP needs a process per GPU; "
                                           "Kaggle's GPU T4 x2 has two")
-        skipped["FSDP runs"] = "they need CUDA GPUs over NCCL"
+        skipped["FSDP training runs"] = ("Accelerate's FSDP needs CUDA GPUs over NCCL (the ZeRO cell's FSDP2 byte "
+                                         "count runs on CPU processes too)")
     if card.gpu and not ok:
         runs.append("your Triton kernels (bonus) under Triton's interpreter on the CPU: Triton does not compile for "
                     f"compute capability {card.capability[0]}.{card.capability[1]}, so their results are graded and "
