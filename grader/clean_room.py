@@ -121,8 +121,11 @@ def job(nb: dict) -> dict:
     """What the clean process runs, read from a graded notebook: the locked cells' imports and
     constants, the learner's definitions, and the graded cells it can check (``skipped``: the
     others, with why). A definition that would rebind a builtin or a name the course's cells
-    import (``all``, ``checks``) is left out, so that a test reads what it was written against."""
+    import (``all``, ``checks``) is left out, so that a test reads what it was written against;
+    so is a name that a statement not run here also binds (``THRESHOLD = 0.5`` in one cell and
+    ``THRESHOLD = measured * 2`` in another): its value in the kernel is not known here."""
     prelude, definitions, cells, skipped = [], [], {}, {}
+    rebound: set[str] = set()  # names some statement not run here also binds: their value there is the kernel's
     for cell in nb.get("cells", []):
         md = cell.get("metadata", {}).get("nbgrader", {})
         if cell.get("cell_type") != "code" or (md.get("grade") and not md.get("solution")):
@@ -130,11 +133,15 @@ def job(nb: dict) -> dict:
         tree = _parse(_source(cell))
         if tree is None:
             continue
-        if _course_cell(md):
-            prelude += [ast.unparse(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or _literal(n)]
-        else:
-            definitions += [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef,
-                                                                    ast.AsyncFunctionDef, ast.ClassDef)) or _literal(n)]
+        runs = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or _literal(n)
+                or (not _course_cell(md) and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+        (prelude if _course_cell(md) else definitions).extend(runs)
+        rebound |= {x.id for n in tree.body if n not in runs for x in ast.walk(n)
+                    if isinstance(x, ast.Name) and not isinstance(x.ctx, ast.Load)}
+        rebound |= {x.name for n in tree.body if n not in runs for x in ast.walk(n)
+                    if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    prelude = [ast.unparse(n) for n in prelude if not (_bound(n) & rebound) or isinstance(n, (ast.Import, ast.ImportFrom))]
+    definitions = [n for n in definitions if not (_bound(n) & rebound) or isinstance(n, (ast.Import, ast.ImportFrom))]
     reserved, course = set(BUILTINS), []
     for src in prelude:  # the course's constants, kept only where they read nothing the notebook computed
         n = ast.parse(src).body[0]

@@ -63,6 +63,14 @@ def test_the_right_answer_passes_from_a_cell_the_learner_added(tmp_path):
     assert found["test_measured"][0] is None  # computed by a call: not run here, left to the kernel
 
 
+def test_a_constant_the_notebook_also_computes_is_not_guessed(tmp_path):
+    # FACTOR = 2 here, but a later cell rebinds it from a measurement: the kernel's double used that
+    later = _cell("FACTOR = measure_the_factor()", "mine")
+    later["metadata"] = {}
+    found = _verdicts(tmp_path, _nb("FACTOR = 2\ndef double(x):\n    return x * FACTOR", later))
+    assert found["test_double"][0] is None and "FACTOR" in found["test_double"][1], found
+
+
 @pytest.mark.parametrize("answer, why", [
     ("def double(x):\n    return x * FACTOR", "NameError"),  # reads a notebook global: not the answer's fault
     ("def double(x):\n    while True:\n        pass", "took over 2 s"),
