@@ -72,6 +72,15 @@ def _held_for_review(sub: Submission, assignment: str, max_score: float, cells: 
     return r
 
 
+def _add_snapshots(submitted: Path, source: Path) -> None:
+    """Insert the clean process's snapshot cells (grader/clean_room.py) into a screened submission."""
+    from grader import clean_room
+
+    if source.is_file():
+        nb = clean_room.with_snapshots(json.loads(submitted.read_text()), json.loads(source.read_text()))
+        submitted.write_text(json.dumps(nb, indent=1))
+
+
 def _kernel_env(smoke: bool, utils_sha256: str) -> dict:
     """The environment every grading kernel inherits.
 
@@ -176,6 +185,7 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTim
     env = dict(base_env)
     if record is not None:
         env[RECORD_ENV] = str(record)
+    env["GPULAB_CLEAN_VALUES"] = str(course / "clean-values.jsonl")  # grader.clean_room.VALUES_ENV: its snapshots
     cmd = [sys.executable, "-m", "grader.worker", "--course", str(course), "--assignment", assignment,
            "--student", sub.student_id, "--timeout", str(timeout.seconds), "--iopub-timeout", str(timeout.iopub_s),
            "--startup-timeout", str(timeout.startup_s), "--timeout-why", timeout.why, "--result", str(result_file)]
@@ -284,6 +294,7 @@ def grade_batch(
             if screen and (held := _held_for_review(sub, assignment, max_score, cell_list, dest, released)):
                 results[sub.student_id] = held
                 continue
+            _add_snapshots(dest / f"{assignment}.ipynb", course / "source" / assignment / f"{assignment}.ipynb")
             runnable.append((sub, notes, record))
 
         bar = _progress(len(subs), progress)

@@ -19,6 +19,13 @@ notebook's state) is built from text alone:
    that reads a value the notebook computed (a measurement, a record) cannot be checked here and
    keeps its kernel verdict alone.
 
+A cell whose tests also read values the notebook computed gets them handed over as plain data:
+before each graded cell, the batch inserts a snapshot cell (:func:`with_snapshots`) that writes
+the ``repr`` of each value the cell reads, and the clean process takes a value only where
+``ast.literal_eval`` reads it back (numbers, strings, and lists, tuples, dicts and sets of them),
+never code or objects. The kernel can forge those values, but they are the learner's answers
+anyway; the checks that judge them run here, untouched.
+
 A cell that passed in the kernel but whose tests raise ``AssertionError`` here scores 0, with
 both verdicts in the feedback (:func:`apply`). Any other error here (a ``NameError`` because an
 answer's function reads a notebook global, an import the notebook installed) says nothing about
@@ -42,6 +49,9 @@ import tempfile
 import time
 from pathlib import Path
 
+VALUES_ENV = "GPULAB_CLEAN_VALUES"  # the file the snapshot cells write, set by the batch per submission
+SNAPSHOT_MARK = "# the grader's copy of the values the next test reads, for its clean-process check (not graded)"
+REPR_LIMIT = 200_000  # characters: a value whose repr is longer is not handed over
 CELL_TIMEOUT_S = 30  # a cell whose tests take longer here is left to its kernel verdict
 TOTAL_TIMEOUT_S = 180  # the whole clean run; cells not reached keep their kernel verdict
 BUILTINS = set(dir(builtins))
@@ -167,7 +177,71 @@ def job(nb: dict) -> dict:
             cells[md["grade_id"]] = ast.unparse(tree)
     left_out = sorted({name for n in definitions if n not in kept for name in _bound(n)})
     return {"prelude": prelude, "definitions": [ast.unparse(n) for n in kept], "cells": cells, "skipped": skipped,
-            "left_out": left_out}
+            "left_out": left_out, "known": sorted(known)}
+
+
+def _test_reads(nb: dict) -> dict[str, list[str]]:
+    """``{grade_id: names}``: what each graded cell's tests read that the cell does not bind."""
+    out = {}
+    for cell in nb.get("cells", []):
+        md = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") == "code" and md.get("grade") and not md.get("solution"):
+            tree = _parse(_source(cell))
+            if tree is not None:
+                out[md["grade_id"]] = sorted(_reads(tree) - BUILTINS)
+    return out
+
+
+def with_snapshots(submitted: dict, source: dict) -> dict:
+    """``submitted`` with a snapshot cell before each graded cell (``source``: the instructor's
+    notebook, hidden tests included, for what the tests read). Inserted after the screen has read
+    the submission; the snapshot cells are the grader's, and say so."""
+    reads = _test_reads(source)
+    cells = []
+    for cell in submitted.get("cells", []):
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in reads and reads[gid] and cell.get("cell_type") == "code":
+            cells.append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                          "source": f"{SNAPSHOT_MARK}\n__import__('grader.clean_room').clean_room.snapshot("
+                                    f"globals(), {gid!r}, {tuple(reads[gid])!r})"})
+        cells.append(cell)
+    return dict(submitted, cells=cells)
+
+
+def snapshot(ns: dict, grade_id: str, names: tuple[str, ...]) -> None:
+    """Append the plain values of ``names`` in ``ns`` (a kernel's globals) for ``grade_id`` to the
+    file :data:`VALUES_ENV` names; a value that is not plain data is left out. Prints nothing."""
+    path = os.environ.get(VALUES_ENV)
+    if not path:
+        return
+    values = {}
+    for name in names:
+        if name not in ns:
+            continue
+        try:
+            text = repr(ns[name])
+            if len(text) <= REPR_LIMIT:
+                ast.literal_eval(text)
+                values[name] = text
+        except Exception:  # an object, a repr that raises or is not a literal: not handed over
+            continue
+    with open(path, "a") as f:
+        f.write(json.dumps([grade_id, values]) + "\n")
+
+
+def _snapshots(path: Path | None) -> dict[str, dict[str, str]]:
+    """The last snapshot written for each cell (a cell the notebook ran twice: its last run)."""
+    out: dict[str, dict[str, str]] = {}
+    if path is None or not Path(path).is_file():
+        return out
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            gid, values = json.loads(line)
+            if isinstance(gid, str) and isinstance(values, dict):
+                out[gid] = {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, str)}
+        except (ValueError, TypeError):
+            continue
+    return out
 
 
 class _CellTimeout(BaseException):
@@ -198,6 +272,7 @@ def run(spec: dict) -> dict:
     for grade_id, src in spec["cells"].items():
         signal.alarm(cell_timeout_s)
         try:
+            ns.update({k: ast.literal_eval(v) for k, v in spec.get("values", {}).get(grade_id, {}).items()})
             exec(compile(src, f"<{grade_id}>", "exec"), ns)
             out[grade_id] = [True, ""]
         except AssertionError as exc:
@@ -212,12 +287,24 @@ def run(spec: dict) -> dict:
 
 
 def verdicts(nb_path: Path, *, timeout_s: float = TOTAL_TIMEOUT_S, cwd: Path | None = None,
-             only: set[str] | None = None) -> dict:
+             only: set[str] | None = None, values: Path | None = None) -> dict:
     """The clean process's verdicts on a graded notebook: ``{grade_id: [ok, why]}``, ``ok`` as in
     :func:`run`; cells it could not run are ``[None, why]``. ``cwd``: where the notebook ran (its
     code copy), so that ``grader`` and ``utils`` import from the same files. ``only``: the cells
-    worth a second verdict (those that passed in the kernel); no process starts when none is."""
-    spec = job(json.loads(Path(nb_path).read_text()))
+    worth a second verdict (those that passed in the kernel); no process starts when none is.
+    ``values``: the snapshot file (:func:`snapshot`), whose plain values stand in for what a cell
+    reads beyond the definitions."""
+    nb = json.loads(Path(nb_path).read_text())
+    spec = job(nb)
+    handed, reads, known = _snapshots(values), _test_reads(nb), set(spec.pop("known"))
+    spec["values"] = {}
+    for gid in list(spec["skipped"]):
+        missing = set(reads.get(gid, ())) - known
+        if gid in handed and missing and missing <= set(handed[gid]):
+            cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid)
+            spec["cells"][gid] = ast.unparse(_parse(_source(cell)))
+            spec["values"][gid] = {k: handed[gid][k] for k in missing}
+            del spec["skipped"][gid]
     if only is not None:
         spec["cells"] = {k: v for k, v in spec["cells"].items() if k in only}
     out = {k: [None, why] for k, why in spec["skipped"].items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -100,7 +101,9 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
         # a cell the grader measured (live or from a record) is not run again: a second measurement
         # differs by noise, and a disagreement there would hold honest work
         passed = {c["cell"] for c in grades["cells"] if c.get("mode") == "-" and c.get("score", 0) > 0}
-        found = clean_room.verdicts(C.autograded_path(course, assignment, student), cwd=C.REPO_ROOT, only=passed)
+        values = os.environ.get(clean_room.VALUES_ENV)
+        found = clean_room.verdicts(C.autograded_path(course, assignment, student), cwd=C.REPO_ROOT, only=passed,
+                                    values=Path(values) if values else None)
         notes = clean_room.apply(grades["cells"], found)
         if notes:
             grades["score"] = max(0.0, grades["score"] - sum(c["kernel_score"] for c in grades["cells"]

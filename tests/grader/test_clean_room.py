@@ -104,3 +104,45 @@ def test_the_docs_name_how_many_cells_the_clean_process_checks():
         total += sum(1 for c in nb["cells"] if c["cell_type"] == "code" and c["metadata"].get("nbgrader", {}).get("grade"))
     text = " ".join((ROOT / "docs" / "grading.md").read_text().split())
     assert f"{checked} of the {total} graded code cells" in text
+
+
+def _values(tmp_path: Path, gid: str, **values: str) -> Path:
+    path = tmp_path / "values.jsonl"
+    path.write_text(json.dumps([gid, values]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("measured, ok", [("5.0", True), ("-1", False)])
+def test_a_value_the_notebook_computed_is_handed_over_as_data(tmp_path, measured, ok):
+    found = _verdicts(tmp_path, _nb("def double(x):\n    return 2 * x"), values=_values(tmp_path, "test_measured",
+                                                                                        measured=measured))
+    assert found["test_measured"][0] is ok, found
+
+
+def test_snapshots_hand_over_plain_data_only(tmp_path, monkeypatch):
+    path = tmp_path / "v.jsonl"
+    monkeypatch.setenv(clean_room.VALUES_ENV, str(path))
+    ns = {"a": 1.5, "b": {"x": [1, (2, "3")]}, "c": object(), "d": float("nan"), "e": "x" * (clean_room.REPR_LIMIT + 1)}
+    clean_room.snapshot(ns, "test_x", ("a", "b", "c", "d", "e", "missing"))
+    assert json.loads(path.read_text()) == ["test_x", {"a": "1.5", "b": "{'x': [1, (2, '3')]}"}]
+    monkeypatch.delenv(clean_room.VALUES_ENV)
+    clean_room.snapshot(ns, "test_y", ("a",))  # outside a grading batch: nothing written, nothing raised
+    assert path.read_text().count("\n") == 1
+
+
+def test_an_object_is_not_handed_over_and_the_cell_keeps_its_kernel_verdict(tmp_path):
+    path = tmp_path / "values.jsonl"
+    path.write_text(json.dumps(["test_measured", {}]) + "\n")  # what snapshot wrote for an object
+    found = _verdicts(tmp_path, _nb("def double(x):\n    return 2 * x"), values=path)
+    assert found["test_measured"][0] is None, found
+
+
+def test_snapshot_cells_go_before_each_graded_cell_that_reads_something():
+    nb = _nb("def double(x):\n    return 2 * x")
+    out = clean_room.with_snapshots(nb, nb)
+    marks = [i for i, c in enumerate(out["cells"]) if c["source"].startswith(clean_room.SNAPSHOT_MARK)]
+    after = [out["cells"][i + 1]["metadata"]["nbgrader"]["grade_id"] for i in marks]
+    assert after == ["test_double", "test_measured"] and len(out["cells"]) == len(nb["cells"]) + 2
+    assert "('measured',)" in out["cells"][marks[1]]["source"]
+    # the inserted cells are the grader's: the clean process does not read them as definitions
+    assert clean_room.job(out)["definitions"] == clean_room.job(nb)["definitions"]
