@@ -201,7 +201,8 @@ def with_snapshots(submitted: dict, source: dict) -> dict:
     for cell in submitted.get("cells", []):
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if gid in reads and reads[gid] and cell.get("cell_type") == "code":
-            cells.append({"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            cells.append({"cell_type": "code", "execution_count": None, "id": f"gpulab-snapshot-{len(cells)}",
+                          "metadata": {}, "outputs": [],
                           "source": f"{SNAPSHOT_MARK}\n__import__('grader.clean_room').clean_room.snapshot("
                                     f"globals(), {gid!r}, {tuple(reads[gid])!r})"})
         cells.append(cell)

@@ -18,7 +18,8 @@ LABS = ("00_foundations", "01_single_gpu", "02_multi_gpu", "03_inference_serving
 
 def _cell(source: str, grade_id: str, *, grade=False, solution=False, locked=False) -> dict:
     md = {"grade_id": grade_id, "grade": grade, "solution": solution, "locked": locked, "schema_version": 3}
-    return {"cell_type": "code", "metadata": {"nbgrader": md}, "outputs": [], "source": source}
+    return {"cell_type": "code", "execution_count": None, "id": grade_id, "metadata": {"nbgrader": md}, "outputs": [],
+            "source": source}
 
 
 def _nb(answer: str, *extra: dict) -> dict:
@@ -146,3 +147,39 @@ def test_snapshot_cells_go_before_each_graded_cell_that_reads_something():
     assert "('measured',)" in out["cells"][marks[1]]["source"]
     # the inserted cells are the grader's: the clean process does not read them as definitions
     assert clean_room.job(out)["definitions"] == clean_room.job(nb)["definitions"]
+
+
+def test_through_the_batch_a_computed_value_is_judged_outside_the_kernel(tmp_path):
+    """A tiny assignment graded by the real batch, screen off: its test reads a value the notebook
+    computes. The transformer cheat passes it in the kernel; the snapshot hands the wrong value to
+    the clean process, which holds the cell. The honest answer keeps its point."""
+    from grader import batch
+    from grader import course as C
+    from grader.submissions import find_submissions
+
+    a = "cv"
+    source = _cell("import math\n### BEGIN SOLUTION\nroot = math.sqrt(16.0)\n### END SOLUTION", "answer", solution=True)
+    test = _cell("assert isinstance(root, float)\n### BEGIN HIDDEN TESTS\nassert root == 4.0, f'root = {root}'\n"
+                 "### END HIDDEN TESTS", "test_root", grade=True, locked=True)
+    test["metadata"]["nbgrader"]["points"] = 1
+    nb = {"cells": [_cell("import os", "setup", locked=True), source, test], "nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}}
+    (tmp_path / "src" / a).mkdir(parents=True)
+    (tmp_path / "src" / a / f"{a}.ipynb").write_text(json.dumps(nb))
+    root = C.make_course(tmp_path / "course", a, tmp_path / "src")
+    rel = json.loads(C.released_path(root, a).read_text())
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    honest, cheat = json.loads(json.dumps(rel)), json.loads(json.dumps(rel))
+    honest["cells"][1]["source"] = "import math\nroot = math.sqrt(16.0)"
+    cheat["cells"][1]["source"] = ("get_ipython().input_transformers_cleanup.append(\n"
+                                   "    lambda lines: ['pass\\n'] if any('assert' in ln for ln in lines) else lines)\n"
+                                   "root = float(3)")
+    (subs / "honest.ipynb").write_text(json.dumps(honest))
+    (subs / "cheat.ipynb").write_text(json.dumps(cheat))
+    results = {r["student_id"]: r for r in batch.grade_batch(a, find_submissions(subs, a), tmp_path / "out", jobs=2,
+                                                             timeout_s=30, progress=False, source_dir=tmp_path / "src",
+                                                             screen=False)}
+    assert results["honest"]["score"] == 1 and results["honest"]["clean_room"]["checked"] == ["test_root"]
+    c = results["cheat"]
+    assert c["score"] == 0 and c["cells"][0]["kernel_score"] == 1 and "root = 3.0" in c["cells"][0]["message"], c
