@@ -26,6 +26,10 @@ the ``repr`` of each value the cell reads, and the clean process takes a value o
 never code or objects. The kernel can forge those values, but they are the learner's answers
 anyway; the checks that judge them run here, untouched.
 
+No measurement is judged here: a check that would re-measure (``grader.remeasure.agree``) raises
+``NotMeasuredHere`` in this process, so a cell that times anything keeps its kernel verdict
+whether or not it announced the measurement.
+
 A cell that passed in the kernel but whose tests raise ``AssertionError`` here scores 0, with
 both verdicts in the feedback (:func:`apply`). Any other error here (a ``NameError`` because an
 answer's function reads a notebook global, an import the notebook installed) says nothing about
@@ -262,6 +266,7 @@ def run(spec: dict) -> dict:
     """Run ``spec`` (:func:`job`) in this process: the verdict of each cell, ``True`` (passed),
     ``False`` (an assertion failed) or ``None`` (could not be checked here), with a line why."""
     cell_timeout_s = int(spec.get("cell_timeout_s", CELL_TIMEOUT_S))
+    os.environ["GPULAB_CLEAN_ROOM"] = "1"  # grader.remeasure.CLEAN_ROOM_ENV: no re-measurement is judged here
     ns: dict = {"__name__": "__clean_room__"}
     out: dict = {}
     for src in spec["prelude"] + spec["definitions"]:

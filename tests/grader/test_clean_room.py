@@ -183,3 +183,11 @@ def test_through_the_batch_a_computed_value_is_judged_outside_the_kernel(tmp_pat
     assert results["honest"]["score"] == 1 and results["honest"]["clean_room"]["checked"] == ["test_root"]
     c = results["cheat"]
     assert c["score"] == 0 and c["cells"][0]["kernel_score"] == 1 and "root = 3.0" in c["cells"][0]["message"], c
+
+
+def test_a_cell_that_would_measure_again_gets_no_verdict_there(tmp_path):
+    # a re-measurement differs by noise: whatever the cell announces, it is judged in the kernel only
+    timed = _cell("from grader import remeasure\nremeasure.agree(lambda: None, 1)\nassert double(2) == 5",
+                  "test_timed", grade=True, locked=True)
+    found = _verdicts(tmp_path, _nb("def double(x):\n    return 2 * x", timed))
+    assert found["test_timed"][0] is None and "NotMeasuredHere" in found["test_timed"][1], found
