@@ -12,11 +12,11 @@ notebook's state) is built from text alone:
    checks``, ``utils``...);
 2. the learner's definitions, read as text from every cell the release does not lock (the
    answer cells and any cell the learner added): ``def``, ``class``, ``import`` and assignments
-   of values that run nothing to compute (constants, lambdas); nothing else of those cells runs, so a statement that installs
-   something in the interpreter never runs here;
+   of values that run nothing to compute (constants, lambdas); nothing else of those cells
+   runs, so a statement that installs something in the interpreter never runs here;
 3. each graded cell's tests (visible and hidden, as the release has them), by direct execution,
-   one at a time, when every name they read is defined by 1 or 2 or by the cell itself. A cell
-   that reads a value the notebook computed (a measurement, a record) cannot be checked here and
+   one at a time, when every name they read is defined by 1 or 2, by the cell itself, or by the
+   values handed over (below). A cell that reads anything else (a model, a sweep's results)
    keeps its kernel verdict alone.
 
 A cell whose tests also read values the notebook computed gets them handed over as plain data:
@@ -34,7 +34,7 @@ A cell that passed in the kernel but whose tests raise ``AssertionError`` here s
 both verdicts in the feedback (:func:`apply`). Any other error here (a ``NameError`` because an
 answer's function reads a notebook global, an import the notebook installed) says nothing about
 the answer: the cell keeps its kernel verdict and the reason is noted. What this still cannot
-defend is in ``docs/grading.md``, "What the clean process cannot see".
+defend is in ``docs/grading.md``, "What the screen cannot see".
 
 Written by hand: nbgrader has no mode that runs tests outside the kernel, and nbclient runs cells
 only in a kernel.
