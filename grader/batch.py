@@ -35,7 +35,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from grader import REPO_ROOT, SOURCE_DIR, resume
+from grader import REPO_ROOT, SOURCE_DIR, clean_room, resume
 from grader import course as C
 from grader.submissions import MAX_FILE_MB, Submission, SubmissionError, file_problem, prepare
 
@@ -74,8 +74,6 @@ def _held_for_review(sub: Submission, assignment: str, max_score: float, cells: 
 
 def _add_snapshots(submitted: Path, source: Path) -> None:
     """Insert the clean process's snapshot cells (grader/clean_room.py) into a screened submission."""
-    from grader import clean_room
-
     if source.is_file():
         nb = clean_room.with_snapshots(json.loads(submitted.read_text()), json.loads(source.read_text()))
         submitted.write_text(json.dumps(nb, indent=1))
@@ -185,7 +183,7 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTim
     env = dict(base_env)
     if record is not None:
         env[RECORD_ENV] = str(record)
-    env["GPULAB_CLEAN_VALUES"] = str(course / "clean-values.jsonl")  # grader.clean_room.VALUES_ENV: its snapshots
+    env[clean_room.VALUES_ENV] = str(course / "clean-values.jsonl")  # where the snapshot cells write
     cmd = [sys.executable, "-m", "grader.worker", "--course", str(course), "--assignment", assignment,
            "--student", sub.student_id, "--timeout", str(timeout.seconds), "--iopub-timeout", str(timeout.iopub_s),
            "--startup-timeout", str(timeout.startup_s), "--timeout-why", timeout.why, "--result", str(result_file)]

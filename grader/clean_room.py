@@ -138,7 +138,7 @@ def job(nb: dict) -> dict:
     import (``all``, ``checks``) is left out, so that a test reads what it was written against;
     so is a name that a statement not run here also binds (``THRESHOLD = 0.5`` in one cell and
     ``THRESHOLD = measured * 2`` in another): its value in the kernel is not known here."""
-    prelude, definitions, cells, skipped = [], [], {}, {}
+    prelude, definitions, cells, skipped, missed = [], [], {}, {}, {}
     rebound: set[str] = set()  # names some statement not run here also binds: their value there is the kernel's
     for cell in nb.get("cells", []):
         md = cell.get("metadata", {}).get("nbgrader", {})
@@ -169,30 +169,26 @@ def job(nb: dict) -> dict:
             continue
         kept.append(n)
         known |= _bound(n)
-    for cell in nb.get("cells", []):
-        md = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.get("cell_type") != "code" or not md.get("grade") or md.get("solution"):
-            continue
-        tree = _parse(_source(cell))
-        missing = sorted(_reads(tree) - known) if tree is not None else ["(not plain Python)"]
-        if missing:
-            skipped[md["grade_id"]] = "reads what the notebook computed: " + ", ".join(missing[:5])
+    for gid, (src, reads) in _tests(nb).items():
+        if missing := sorted(set(reads) - known):
+            skipped[gid] = "reads what the notebook computed: " + ", ".join(missing[:5])
+            missed[gid] = missing
         else:
-            cells[md["grade_id"]] = ast.unparse(tree)
-    left_out = sorted({name for n in definitions if n not in kept for name in _bound(n)})
+            cells[gid] = src
     return {"prelude": prelude, "definitions": [ast.unparse(n) for n in kept], "cells": cells, "skipped": skipped,
-            "left_out": left_out, "known": sorted(known)}
+            "missing": missed, "tests": {gid: src for gid, (src, _) in _tests(nb).items()}}
 
 
-def _test_reads(nb: dict) -> dict[str, list[str]]:
-    """``{grade_id: names}``: what each graded cell's tests read that the cell does not bind."""
+def _tests(nb: dict) -> dict[str, tuple[str, list[str]]]:
+    """``{grade_id: (source, names)}`` of each graded code cell that parses: its tests as plain
+    Python, and the names they read that the cell does not bind (builtins aside)."""
     out = {}
     for cell in nb.get("cells", []):
         md = cell.get("metadata", {}).get("nbgrader", {})
         if cell.get("cell_type") == "code" and md.get("grade") and not md.get("solution"):
             tree = _parse(_source(cell))
             if tree is not None:
-                out[md["grade_id"]] = sorted(_reads(tree) - BUILTINS)
+                out[md["grade_id"]] = (ast.unparse(tree), sorted(_reads(tree) - BUILTINS))
     return out
 
 
@@ -200,11 +196,11 @@ def with_snapshots(submitted: dict, source: dict) -> dict:
     """``submitted`` with a snapshot cell before each graded cell (``source``: the instructor's
     notebook, hidden tests included, for what the tests read). Inserted after the screen has read
     the submission; the snapshot cells are the grader's, and say so."""
-    reads = _test_reads(source)
+    reads = {gid: names for gid, (_, names) in _tests(source).items()}
     cells = []
     for cell in submitted.get("cells", []):
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in reads and reads[gid] and cell.get("cell_type") == "code":
+        if reads.get(gid) and cell.get("cell_type") == "code":
             cells.append({"cell_type": "code", "execution_count": None, "id": f"gpulab-snapshot-{len(cells)}",
                           "metadata": {}, "outputs": [],
                           "source": f"{SNAPSHOT_MARK}\n__import__('grader.clean_room').clean_room.snapshot("
@@ -266,7 +262,9 @@ def run(spec: dict) -> dict:
     """Run ``spec`` (:func:`job`) in this process: the verdict of each cell, ``True`` (passed),
     ``False`` (an assertion failed) or ``None`` (could not be checked here), with a line why."""
     cell_timeout_s = int(spec.get("cell_timeout_s", CELL_TIMEOUT_S))
-    os.environ["GPULAB_CLEAN_ROOM"] = "1"  # grader.remeasure.CLEAN_ROOM_ENV: no re-measurement is judged here
+    from grader.remeasure import CLEAN_ROOM_ENV
+
+    os.environ[CLEAN_ROOM_ENV] = "1"  # no re-measurement is judged here
     ns: dict = {"__name__": "__clean_room__"}
     out: dict = {}
     for src in spec["prelude"] + spec["definitions"]:
@@ -274,9 +272,11 @@ def run(spec: dict) -> dict:
             exec(compile(src, "<definitions>", "exec"), ns)
         except Exception as exc:  # an answer's import that fails here is not the answer's fault
             out["_setup"] = f"{src.splitlines()[0][:80]}: {_first_line(exc)}"
-    signal.signal(signal.SIGALRM, _alarm)
+    alarm = getattr(signal, "alarm", lambda s: None)  # no SIGALRM on Windows: verdicts' whole-run timeout alone
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, _alarm)
     for grade_id, src in spec["cells"].items():
-        signal.alarm(cell_timeout_s)
+        alarm(cell_timeout_s)
         try:
             ns.update({k: ast.literal_eval(v) for k, v in spec.get("values", {}).get(grade_id, {}).items()})
             exec(compile(src, f"<{grade_id}>", "exec"), ns)
@@ -288,7 +288,7 @@ def run(spec: dict) -> dict:
         except BaseException as exc:  # SystemExit and KeyboardInterrupt included: no verdict, not a failure
             out[grade_id] = [None, _first_line(exc)]
         finally:
-            signal.alarm(0)
+            alarm(0)
     return out
 
 
@@ -300,15 +300,11 @@ def verdicts(nb_path: Path, *, timeout_s: float = TOTAL_TIMEOUT_S, cwd: Path | N
     worth a second verdict (those that passed in the kernel); no process starts when none is.
     ``values``: the snapshot file (:func:`snapshot`), whose plain values stand in for what a cell
     reads beyond the definitions."""
-    nb = json.loads(Path(nb_path).read_text())
-    spec = job(nb)
-    handed, reads, known = _snapshots(values), _test_reads(nb), set(spec.pop("known"))
-    spec["values"] = {}
-    for gid in list(spec["skipped"]):
-        missing = set(reads.get(gid, ())) - known
-        if gid in handed and missing and missing <= set(handed[gid]):
-            cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid)
-            spec["cells"][gid] = ast.unparse(_parse(_source(cell)))
+    spec = job(json.loads(Path(nb_path).read_text()))
+    handed, spec["values"] = _snapshots(values), {}
+    for gid, missing in spec.pop("missing").items():
+        if set(missing) <= set(handed.get(gid, ())):
+            spec["cells"][gid] = spec["tests"][gid]
             spec["values"][gid] = {k: handed[gid][k] for k in missing}
             del spec["skipped"][gid]
     if only is not None:
@@ -374,10 +370,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("job", type=Path, help="the JSON that grader.clean_room.job wrote")
     p.add_argument("result", type=Path, help="where the verdicts go")
     a = p.parse_args(argv)
-    # the verdicts are written by this process before the answers' code could change it: a handle
-    # opened now, and the answers' definitions cannot see the path's name (it is not in their namespace)
-    handle = open(a.result, "w")  # noqa: SIM115
-    out = run(json.loads(a.job.read_text()))
+    try:
+        spec = json.loads(a.job.read_text())
+        handle = open(a.result, "w")  # noqa: SIM115 (opened before any answer's code runs here)
+    except (OSError, ValueError) as exc:
+        p.error(f"cannot read the job {a.job} or write {a.result}: {exc}")
+    out = run(spec)
     handle.write(json.dumps(out))
     handle.close()
     return 0

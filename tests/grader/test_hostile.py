@@ -1,16 +1,15 @@
-"""The grader against hostile and broken submissions: each loses its own points only, with a
-one-line reason, and changes nothing outside its own grading folder.
+"""The grader against hostile and broken submissions: each loses its own points only, with a one-
+line reason, and changes nothing outside its own grading folder.
 
 One grading batch (``grade_batch``, two jobs) of a tiny nbgrader assignment built here, so that
-kernels start fast; the tricks are the ones that fooled the grader before it was hardened:
-hooks that clear a failing test's error, a displayed number read as partial credit, scores
-written into the course copy's gradebook, a rebound
-``grader.COURSE_ROOT``, a grading variable set in ``os.environ``, the grader's own file
-rewritten on disk and then put back, a process left running, duplicated cells, a record that
-vanished before grading, and an input transformer that turns every test into ``pass`` (which
-the clean process, grader/clean_room.py, catches). The rest needs no kernel: unreadable files, links out of the
-submissions folder, pipes and devices, malformed metadata, a killed worker's process tree.
-About 40 s on two idle cores.
+kernels start fast; the tricks are the ones that fooled the grader before it was hardened: hooks
+that clear a failing test's error, a displayed number read as partial credit, scores written
+into the course copy's gradebook, a rebound ``grader.COURSE_ROOT``, a grading variable set in
+``os.environ``, the grader's own file rewritten on disk and then put back, a process left
+running, duplicated cells, a record that vanished before grading, and an input transformer that
+turns every test into ``pass`` (which the clean process, grader/clean_room.py, catches). The
+rest needs no kernel: unreadable files, links out of the submissions folder, pipes and devices,
+malformed metadata, a killed worker's process tree. About 40 s on two idle cores.
 """
 from __future__ import annotations
 
