@@ -1,5 +1,5 @@
-"""The grader against hostile and broken submissions: each loses its own points only, with a one-
-line reason, and changes nothing outside its own grading folder.
+"""The grader against hostile and broken submissions: each loses its own points only, with a
+one-line reason, and changes nothing outside its own grading folder.
 
 One grading batch (``grade_batch``, two jobs) of a tiny nbgrader assignment built here, so that
 kernels start fast; the tricks are the ones that fooled the grader before it was hardened: hooks
