@@ -90,6 +90,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from utils.distributed import exit_without_teardown  # noqa: E402
 from utils.post_training import GenerationTimer, overlap_reward, window_clock  # noqa: E402
 
 PROG = "post_train_trl.py"
@@ -476,4 +477,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())  # gloo's teardown can abort a rank after the results are written

@@ -17,12 +17,14 @@ Measured here on two H200 joined by NV18 NVLink (docs/reference.md): all-reduce 
 """
 from __future__ import annotations
 
+import os
 import re
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, NoReturn
 
 from utils import validate
 
@@ -343,3 +345,19 @@ def _count(name: str, value: int) -> int:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
 
+
+# -- leaving a launched rank ----------------------------------------------------------------
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """End a rank that ``torchrun`` or ``accelerate launch`` started, skipping the interpreter's teardown.
+
+    gloo's worker threads can still hold tensors when Python shuts down, and freeing them then aborts the
+    process ("terminate called without an active exception", SIGABRT), after every result was written:
+    pytorch/pytorch#179291. Here it took a rank of ``utils.zero_memory`` 1 launch in 25 and a rank of
+    ``benchmarks/train_multi_gpu.py --compile`` in a CI run. Call it from the ``__main__`` block only, after
+    ``main()`` returned: output is flushed first, but atexit handlers do not run.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

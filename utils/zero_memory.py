@@ -47,6 +47,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from utils.distributed import exit_without_teardown
+
 STAGES = ("ddp", "zero1", "zero3")
 NOT_MEASURED = {"zero2": "PyTorch keeps no whole parameters beside sharded gradients between steps (FSDP2 "
                          "reshards them after every backward)"}
@@ -311,10 +313,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Leave without the interpreter's teardown: gloo's worker threads can still hold tensors there, and
-    # freeing them while Python shuts down aborted a rank here 1 launch in 25 ("terminate called without
-    # an active exception"; pytorch/pytorch#179291 describes it).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(main())  # gloo's teardown can abort a rank after the results are written
