@@ -21,20 +21,26 @@ notebook's state) is built from text alone:
 
 A cell whose tests also read values the notebook computed gets them handed over as plain data:
 before each graded cell, the batch inserts a snapshot cell (:func:`with_snapshots`) that writes
-the ``repr`` of each value the cell reads, and the clean process takes a value only where
-``ast.literal_eval`` reads it back (numbers, strings, and lists, tuples, dicts and sets of them),
-never code or objects. The kernel can forge those values, but they are the learner's answers
-anyway; the checks that judge them run here, untouched.
+the ``repr`` of each value the cell reads, and of each notebook global the learner's definitions
+read, and the clean process takes a value only where ``ast.literal_eval`` reads it back (numbers,
+strings, and lists, tuples, dicts and sets of them), never code or objects. An instance of a
+dataclass of the course's ``utils`` (a timing result, a spec row, a recipe), a torch dtype and a
+torch device go as their fields and are rebuilt here by the course's own constructors
+(:func:`_plain`). The kernel can forge those values, but they are the learner's
+answers anyway; the checks that judge them run here, untouched.
 
-No measurement is judged here: a check that would re-measure (``grader.remeasure.agree``) raises
-``NotMeasuredHere`` in this process, so a cell that times anything keeps its kernel verdict
-whether or not it announced the measurement.
+A cell that measures runs here too: the grader's re-measurement (``grader.remeasure.agree``) times
+again in this process, with the grader's timer, the learner's functions where the check calls them
+(lab 00's ``time_matmul``), after the kernel has gone. A miss that a load window found on a loaded
+machine raises ``NotMeasuredHere`` instead of failing: it may be the machine's, and the kernel's
+verdict, which allowed for its own load, stands.
 
 A cell that passed in the kernel but whose tests raise ``AssertionError`` here scores 0, with
-both verdicts in the feedback (:func:`apply`). Any other error here (a ``NameError`` because an
-answer's function reads a notebook global, an import the notebook installed) says nothing about
-the answer: the cell keeps its kernel verdict and the reason is noted. What this still cannot
-defend is in ``docs/grading.md``, "What the screen cannot see".
+both verdicts in the feedback (:func:`apply`). Any other error here, or an ``AssertionError``
+behind which the answer raised ``NameError`` or ``ImportError`` (a notebook global that was not
+plain data, an import the notebook installed), says nothing about the answer: the cell keeps its
+kernel verdict and the reason is noted. What this still cannot defend is in ``docs/grading.md``,
+"What the screen cannot see".
 
 Written by hand: nbgrader has no mode that runs tests outside the kernel, and nbclient runs cells
 only in a kernel.
@@ -45,7 +51,10 @@ import argparse
 import ast
 import builtins
 import json
+import linecache
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,10 +146,12 @@ def job(nb: dict) -> dict:
     others, with why). A definition that would rebind a builtin or a name the course's cells
     import (``all``, ``checks``) is left out, so that a test reads what it was written against;
     so is a name that a statement not run here also binds (``THRESHOLD = 0.5`` in one cell and
-    ``THRESHOLD = measured * 2`` in another): its value in the kernel is not known here."""
+    ``THRESHOLD = measured * 2`` in another), or a list, dict or set such a statement mentions (it
+    may fill it in place): its value in the kernel is not known here, and is handed over if plain."""
     prelude, definitions, cells, skipped, missed = [], [], {}, {}, {}
     rebound: set[str] = set()  # names some statement not run here also binds: their value there is the kernel's
-    for cell in nb.get("cells", []):
+    mentioned: set[str] = set()  # names some statement not run here reads or binds
+    for index, cell in enumerate(nb.get("cells", [])):
         md = cell.get("metadata", {}).get("nbgrader", {})
         if cell.get("cell_type") != "code" or (md.get("grade") and not md.get("solution")):
             continue
@@ -149,11 +160,18 @@ def job(nb: dict) -> dict:
             continue
         runs = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or _literal(n)
                 or (not _course_cell(md) and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+        for n in runs:
+            n.gpulab_cell = index  # the learner's statements stay grouped by cell (run: one source per cell)
         (prelude if _course_cell(md) else definitions).extend(runs)
         rebound |= {x.id for n in tree.body if n not in runs for x in ast.walk(n)
                     if isinstance(x, ast.Name) and not isinstance(x.ctx, ast.Load)}
         rebound |= {x.name for n in tree.body if n not in runs for x in ast.walk(n)
                     if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        mentioned |= {x.id for n in tree.body if n not in runs for x in ast.walk(n) if isinstance(x, ast.Name)}
+    # a list, dict or set that a statement not run here mentions may have been filled in place (decode = {},
+    # then decode[b] = ... in a loop): its value in the kernel is not the literal either
+    rebound |= {name for n in prelude + definitions if isinstance(n, (ast.Assign, ast.AnnAssign))
+                and isinstance(n.value, (ast.List, ast.Dict, ast.Set)) for name in _bound(n) & mentioned}
     prelude = [ast.unparse(n) for n in prelude if not (_bound(n) & rebound) or isinstance(n, (ast.Import, ast.ImportFrom))]
     definitions = [n for n in definitions if not (_bound(n) & rebound) or isinstance(n, (ast.Import, ast.ImportFrom))]
     reserved, course = set(BUILTINS), []
@@ -165,18 +183,26 @@ def job(nb: dict) -> dict:
     prelude = course
     kept, known = [], set(reserved)
     for n in definitions:  # an assignment that reads what the notebook computed is left to the kernel
-        if _bound(n) & reserved or (isinstance(n, (ast.Assign, ast.AnnAssign)) and _reads(ast.Module([n], [])) - known):
+        same = isinstance(n, (ast.Import, ast.ImportFrom)) and ast.unparse(n) in prelude  # import torch, again
+        if (_bound(n) & reserved and not same) or (isinstance(n, (ast.Assign, ast.AnnAssign))
+                                                     and _reads(ast.Module([n], [])) - known):
             continue
         kept.append(n)
         known |= _bound(n)
+    known -= rebound  # an import the notebook later rebinds (``from utils import decode``, then ``decode = {...}``)
     for gid, (src, reads) in _tests(nb).items():
         if missing := sorted(set(reads) - known):
             skipped[gid] = "reads what the notebook computed: " + ", ".join(missing[:5])
             missed[gid] = missing
         else:
             cells[gid] = src
-    return {"prelude": prelude, "definitions": [ast.unparse(n) for n in kept], "cells": cells, "skipped": skipped,
-            "missing": missed, "tests": {gid: src for gid, (src, _) in _tests(nb).items()}}
+    free = {x for n in kept if not isinstance(n, (ast.Import, ast.ImportFrom)) for x in _reads(ast.Module([n], []))}
+    by_cell: dict[int, list[str]] = {}
+    for n in kept:
+        by_cell.setdefault(n.gpulab_cell, []).append(ast.unparse(n))
+    return {"prelude": prelude, "definitions": ["\n".join(b) for b in by_cell.values()], "cells": cells, "skipped": skipped,
+            "missing": missed, "tests": {gid: src for gid, (src, _) in _tests(nb).items()},
+            "globals": sorted(free - known)}
 
 
 def _tests(nb: dict) -> dict[str, tuple[str, list[str]]]:
@@ -195,8 +221,10 @@ def _tests(nb: dict) -> dict[str, tuple[str, list[str]]]:
 def with_snapshots(submitted: dict, source: dict) -> dict:
     """``submitted`` with a snapshot cell before each graded cell (``source``: the instructor's
     notebook, hidden tests included, for what the tests read). Inserted after the screen has read
-    the submission; the snapshot cells are the grader's, and say so."""
-    reads = {gid: names for gid, (_, names) in _tests(source).items()}
+    the submission; the snapshot cells are the grader's, and say so. Each one also takes the
+    notebook globals that the learner's definitions read (``DEVICE`` in a timing function)."""
+    free = job(submitted)["globals"]
+    reads = {gid: sorted(set(names) | set(free)) for gid, (_, names) in _tests(source).items()}
     cells = []
     for cell in submitted.get("cells", []):
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
@@ -209,9 +237,72 @@ def with_snapshots(submitted: dict, source: dict) -> dict:
     return dict(submitted, cells=cells)
 
 
+COURSE_TAG = "__course_value__"  # a course object handed over as its fields (_plain), rebuilt by _rebuilt
+
+
+def _plain(value, depth: int = 0):
+    """``value`` as plain data: containers walked; an instance of a dataclass of the course's
+    ``utils`` package (a timing result, a hardware spec row, a fine-tuning recipe) as a tagged dict
+    of its fields, a torch dtype or device and a float that is not finite by name; anything else as it is
+    (:func:`snapshot` then keeps it only if its ``repr`` is a literal)."""
+    import dataclasses
+
+    kind = type(value)
+    if depth > 20:
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and kind.__module__.startswith("utils."):
+        return {COURSE_TAG: f"{kind.__module__}:{kind.__qualname__}",
+                **{f.name: _plain(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value) if f.init}}
+    if kind.__module__ == "torch" and kind.__name__ in ("dtype", "device"):
+        return {COURSE_TAG: f"torch:{kind.__name__}", "name": str(value).removeprefix("torch.")}
+    if kind is float and not math.isfinite(value):  # a request rate of inf: repr gives a name, not a literal
+        return {COURSE_TAG: "float", "name": repr(value)}
+    if kind in (list, tuple, set, frozenset):
+        return kind(_plain(v, depth + 1) for v in value)
+    if kind is dict:
+        return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+def _rebuilt(value):
+    """:func:`_plain`'s output read back: each tagged dict becomes the course's object again, built
+    from its literal fields by the course's own constructor (nothing of the notebook's code runs),
+    and must give back the same fields (a class whose constructor transforms them is refused)."""
+    import dataclasses
+    import importlib
+
+    if type(value) in (list, tuple, set, frozenset):
+        return type(value)(_rebuilt(v) for v in value)
+    if type(value) is not dict:
+        return value
+    tag = value.get(COURSE_TAG)
+    if tag is None:
+        return {k: _rebuilt(v) for k, v in value.items()}
+    if tag == "float" and value.get("name") in ("inf", "-inf", "nan"):
+        return float(value["name"])
+    module, _, name = str(tag).partition(":")
+    if module == "torch" and name in ("dtype", "device") and isinstance(value.get("name"), str):
+        import torch
+
+        made = torch.device(value["name"]) if name == "device" else getattr(torch, value["name"], None)
+        if not isinstance(made, (torch.dtype, torch.device)):
+            raise ValueError(f"not a torch dtype: {value['name']!r}")
+        return made
+    cls = importlib.import_module(module) if re.fullmatch(r"utils(\.[a-z0-9_]+)+", module) else None
+    for part in name.split(".") if cls else ():
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ValueError(f"not a dataclass of the course: {tag!r}")
+    made = cls(**{k: _rebuilt(v) for k, v in value.items() if k != COURSE_TAG})
+    if _plain(made) != value:
+        raise ValueError(f"{tag} does not rebuild from its fields")
+    return made
+
+
 def snapshot(ns: dict, grade_id: str, names: tuple[str, ...]) -> None:
     """Append the plain values of ``names`` in ``ns`` (a kernel's globals) for ``grade_id`` to the
-    file :data:`VALUES_ENV` names; a value that is not plain data is left out. Prints nothing."""
+    file :data:`VALUES_ENV` names (the course's objects as their fields, :func:`_plain`); a value that is
+    not plain data is left out. Prints nothing."""
     path = os.environ.get(VALUES_ENV)
     if not path:
         return
@@ -220,7 +311,7 @@ def snapshot(ns: dict, grade_id: str, names: tuple[str, ...]) -> None:
         if name not in ns:
             continue
         try:
-            text = repr(ns[name])
+            text = repr(_plain(ns[name]))
             if len(text) <= REPR_LIMIT:
                 ast.literal_eval(text)
                 values[name] = text
@@ -245,6 +336,21 @@ def _snapshots(path: Path | None) -> dict[str, dict[str, str]]:
     return out
 
 
+def _missing_here(exc: BaseException) -> str:
+    """The first line of a ``NameError`` or ``ImportError`` behind ``exc`` (``grader.checks.call``
+    turns an answer's exception into an ``AssertionError``; a check that ran the answer in another
+    process names it: "raised NameError"), else "": a name or module the kernel had and this
+    process lacks says nothing about a cell that passed in the kernel."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (NameError, ImportError)) or re.search(r"raised (NameError|ImportError|ModuleNotFoundError)\b",
+                                                                  str(exc)):
+            return _first_line(exc)
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return ""
+
+
 class _CellTimeout(BaseException):
     pass
 
@@ -264,25 +370,31 @@ def run(spec: dict) -> dict:
     cell_timeout_s = int(spec.get("cell_timeout_s", CELL_TIMEOUT_S))
     from grader.remeasure import CLEAN_ROOM_ENV
 
-    os.environ[CLEAN_ROOM_ENV] = "1"  # no re-measurement is judged here
+    os.environ[CLEAN_ROOM_ENV] = "1"  # a re-measurement that misses under load gives no verdict here
     ns: dict = {"__name__": "__clean_room__"}
     out: dict = {}
-    for src in spec["prelude"] + spec["definitions"]:
-        try:
-            exec(compile(src, "<definitions>", "exec"), ns)
-        except Exception as exc:  # an answer's import that fails here is not the answer's fault
-            out["_setup"] = f"{src.splitlines()[0][:80]}: {_first_line(exc)}"
+    for index, src in enumerate(spec["prelude"] + spec["definitions"]):
+        # each cell's kept statements under one file name whose text linecache holds, as IPython
+        # does for a cell: a check that reads an answer's source (inspect.getsource) finds it
+        name = f"<clean-room-cell-{index}>"
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        for stmt in ast.parse(src).body:  # one at a time: an import that fails here stops nothing else
+            try:
+                exec(compile(ast.Module([stmt], []), name, "exec"), ns)
+            except Exception as exc:  # not the answer's fault here
+                out["_setup"] = f"{ast.unparse(stmt).splitlines()[0][:80]}: {_first_line(exc)}"
     alarm = getattr(signal, "alarm", lambda s: None)  # no SIGALRM on Windows: verdicts' whole-run timeout alone
     if hasattr(signal, "SIGALRM"):
         signal.signal(signal.SIGALRM, _alarm)
     for grade_id, src in spec["cells"].items():
         alarm(cell_timeout_s)
         try:
-            ns.update({k: ast.literal_eval(v) for k, v in spec.get("values", {}).get(grade_id, {}).items()})
+            ns.update({k: _rebuilt(ast.literal_eval(v)) for k, v in spec.get("values", {}).get(grade_id, {}).items()})
             exec(compile(src, f"<{grade_id}>", "exec"), ns)
             out[grade_id] = [True, ""]
         except AssertionError as exc:
-            out[grade_id] = [False, _first_line(exc)]
+            gone = _missing_here(exc)
+            out[grade_id] = [None, f"{gone}: not the answer's fault"] if gone else [False, _first_line(exc)]
         except _CellTimeout:
             out[grade_id] = [None, f"took over {cell_timeout_s} s here"]
         except BaseException as exc:  # SystemExit and KeyboardInterrupt included: no verdict, not a failure
@@ -292,21 +404,29 @@ def run(spec: dict) -> dict:
     return out
 
 
-def verdicts(nb_path: Path, *, timeout_s: float = TOTAL_TIMEOUT_S, cwd: Path | None = None,
+def verdicts(nb_path: Path, *, cell_timeout_s: float | None = None, cwd: Path | None = None,
              only: set[str] | None = None, values: Path | None = None) -> dict:
     """The clean process's verdicts on a graded notebook: ``{grade_id: [ok, why]}``, ``ok`` as in
     :func:`run`; cells it could not run are ``[None, why]``. ``cwd``: where the notebook ran (its
     code copy), so that ``grader`` and ``utils`` import from the same files. ``only``: the cells
     worth a second verdict (those that passed in the kernel); no process starts when none is.
     ``values``: the snapshot file (:func:`snapshot`), whose plain values stand in for what a cell
-    reads beyond the definitions."""
+    reads beyond the definitions. ``cell_timeout_s``: the most one cell may take here (the kernel's
+    per-cell limit, when a cell re-measures); the whole run stops after that times the cells, at
+    least :data:`TOTAL_TIMEOUT_S`."""
+    cell_timeout_s = CELL_TIMEOUT_S if cell_timeout_s is None else cell_timeout_s
     spec = job(json.loads(Path(nb_path).read_text()))
-    handed, spec["values"] = _snapshots(values), {}
-    for gid, missing in spec.pop("missing").items():
-        if set(missing) <= set(handed.get(gid, ())):
+    handed, spec["values"], missing = _snapshots(values), {}, spec.pop("missing")
+    for gid, names in missing.items():
+        if set(names) <= set(handed.get(gid, ())):
             spec["cells"][gid] = spec["tests"][gid]
-            spec["values"][gid] = {k: handed[gid][k] for k in missing}
             del spec["skipped"][gid]
+        elif gid in handed:
+            spec["skipped"][gid] = "reads objects the notebook computed, not plain data: " + ", ".join(
+                sorted(set(names) - set(handed[gid]))[:5])
+    for gid in spec["cells"]:  # what the tests read, and the globals the definitions read (those the kernel had)
+        want = set(missing.get(gid, ())) | set(spec["globals"])
+        spec["values"][gid] = {k: v for k, v in handed.get(gid, {}).items() if k in want}
     if only is not None:
         spec["cells"] = {k: v for k, v in spec["cells"].items() if k in only}
     out = {k: [None, why] for k, why in spec["skipped"].items()}
@@ -314,7 +434,8 @@ def verdicts(nb_path: Path, *, timeout_s: float = TOTAL_TIMEOUT_S, cwd: Path | N
         return out
     with tempfile.TemporaryDirectory(prefix="gpulab-clean-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "verdicts.json"
-        job_path.write_text(json.dumps({**spec, "cell_timeout_s": CELL_TIMEOUT_S}))
+        job_path.write_text(json.dumps({**spec, "cell_timeout_s": cell_timeout_s}))
+        timeout_s = max(TOTAL_TIMEOUT_S, cell_timeout_s * len(spec["cells"]))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY", "IPY", "JUPYTER"))}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(cwd) if cwd else "", env.get("PYTHONPATH", "")) if p)
         t0 = time.monotonic()

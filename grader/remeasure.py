@@ -77,19 +77,33 @@ REFERENCE_CORES = 2  # the smoke timeouts of grader/course.py were set on 2 core
 MAX_TIMEOUT_FACTOR = 8.0  # a slow, loaded machine gets at most 8x the smoke timeout
 
 
-CLEAN_ROOM_ENV = "GPULAB_CLEAN_ROOM"  # set in grader/clean_room.py's process, which judges no measurement
+CLEAN_ROOM_ENV = "GPULAB_CLEAN_ROOM"  # set in grader/clean_room.py's process, which re-measures for its own verdict
 
 
 class NotMeasuredHere(RuntimeError):
-    """A re-measurement asked for in the clean process (grader/clean_room.py): not an answer's
-    failure, so that cell keeps the kernel's verdict (a second measurement differs by noise)."""
+    """A re-measurement in the clean process (grader/clean_room.py) that missed on a loaded
+    machine: no verdict there, so the cell keeps the kernel's (a miss under load may be the
+    machine's, and the kernel's verdict already allowed for its own load)."""
 
 
 def agree(compare, attempts: int):
-    """:func:`grader.checks.agree` with a :class:`Load` window around every attempt."""
-    if os.environ.get(CLEAN_ROOM_ENV):
-        raise NotMeasuredHere("a re-measurement: judged in the kernel only")
-    return checks.agree(compare, attempts, load=Load)
+    """:func:`grader.checks.agree` with a :class:`Load` window around every attempt. In the clean
+    process a miss that any of those windows found loaded raises :class:`NotMeasuredHere` instead."""
+    if not os.environ.get(CLEAN_ROOM_ENV):
+        return checks.agree(compare, attempts, load=Load)
+    windows: list[Load] = []
+
+    def window() -> Load:
+        windows.append(Load())
+        return windows[-1]
+
+    try:
+        return checks.agree(compare, attempts, load=window)
+    except AssertionError as exc:
+        loaded = [w for w in windows if w.closed and w.loaded]
+        if loaded:
+            raise NotMeasuredHere(f"{str(exc).splitlines()[0][:200]}, on a loaded machine ({loaded[-1].describe()})") from None
+        raise
 
 
 class Load:
@@ -104,7 +118,7 @@ class Load:
     def __init__(self):
         self.t0, self.psi0, self.stat0 = time.monotonic(), _psi_us(), _cpu_stat()
         self.pressure = self.steal = None
-        self.share = 1.0
+        self.share, self.closed = 1.0, False
 
     def close(self) -> Load:
         dt, psi, stat = max(time.monotonic() - self.t0, 1e-3), _psi_us(), _cpu_stat()
@@ -114,7 +128,7 @@ class Load:
             self.pressure = max(0.0, 1 - cores() / max(os.getloadavg()[0], 1e-9))
         if stat and self.stat0 and stat[2] > self.stat0[2]:
             self.steal = (stat[0] - self.stat0[0]) / (stat[2] - self.stat0[2])
-        self.share = core_share()
+        self.share, self.closed = core_share(), True
         return self
 
     @property

@@ -98,12 +98,13 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
     if result["status"] == "ok" and C.autograded_path(course, assignment, student).is_file():
         from grader import clean_room
 
-        # a cell the grader measured (live or from a record) is not run again: a second measurement
-        # differs by noise, and a disagreement there would hold honest work
-        passed = {c["cell"] for c in grades["cells"] if c.get("mode") == "-" and c.get("score", 0) > 0}
+        # every cell that scored in the kernel, measured ones included: the clean process measures
+        # again with the grader's timer, and gives no verdict where that missed on a loaded machine
+        passed = {c["cell"] for c in grades["cells"] if c.get("mode") != "manual" and c.get("score", 0) > 0}
         values = os.environ.get(clean_room.VALUES_ENV)
         found = clean_room.verdicts(C.autograded_path(course, assignment, student), cwd=C.REPO_ROOT, only=passed,
-                                    values=Path(values) if values else None)
+                                    values=Path(values) if values else None,
+                                    cell_timeout_s=max(clean_room.CELL_TIMEOUT_S, timeout_s))
         notes = clean_room.apply(grades["cells"], found)
         if notes:
             grades["score"] = max(0.0, grades["score"] - sum(c["kernel_score"] for c in grades["cells"]
@@ -111,6 +112,7 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
             clean_room.hold_in_gradebook(course, assignment, student, grades["cells"])
             result["notes"] += notes
         result["clean_room"] = {"checked": sorted(k for k, v in found.items() if v[0] is not None),
+                                "unchecked": {k: v[1] for k, v in sorted(found.items()) if v[0] is None and k in passed},
                                 "disagreed": sorted(c["cell"] for c in grades["cells"] if "kernel_score" in c)}
     if result["status"] != "ok":
         grades["score"] = 0.0

@@ -123,7 +123,7 @@ def test_a_value_the_notebook_computed_is_handed_over_as_data(tmp_path, measured
 def test_snapshots_hand_over_plain_data_only(tmp_path, monkeypatch):
     path = tmp_path / "v.jsonl"
     monkeypatch.setenv(clean_room.VALUES_ENV, str(path))
-    ns = {"a": 1.5, "b": {"x": [1, (2, "3")]}, "c": object(), "d": float("nan"), "e": "x" * (clean_room.REPR_LIMIT + 1)}
+    ns = {"a": 1.5, "b": {"x": [1, (2, "3")]}, "c": object(), "d": {"f": print}, "e": "x" * (clean_room.REPR_LIMIT + 1)}
     clean_room.snapshot(ns, "test_x", ("a", "b", "c", "d", "e", "missing"))
     assert json.loads(path.read_text()) == ["test_x", {"a": "1.5", "b": "{'x': [1, (2, '3')]}"}]
     monkeypatch.delenv(clean_room.VALUES_ENV)
@@ -185,9 +185,153 @@ def test_through_the_batch_a_computed_value_is_judged_outside_the_kernel(tmp_pat
     assert c["score"] == 0 and c["cells"][0]["kernel_score"] == 1 and "root = 3.0" in c["cells"][0]["message"], c
 
 
-def test_a_cell_that_would_measure_again_gets_no_verdict_there(tmp_path):
-    # a re-measurement differs by noise: whatever the cell announces, it is judged in the kernel only
-    timed = _cell("from grader import remeasure\nremeasure.agree(lambda: None, 1)\nassert double(2) == 5",
-                  "test_timed", grade=True, locked=True)
-    found = _verdicts(tmp_path, _nb("def double(x):\n    return 2 * x", timed))
-    assert found["test_timed"][0] is None and "NotMeasuredHere" in found["test_timed"][1], found
+def _measured_nb(answer: str) -> dict:
+    """A cell that re-measures with the grader's timer: it times the learner's ``double`` and
+    checks its answer inside ``remeasure.agree``, as the labs' measured cells do."""
+    timed = _cell("from grader import remeasure\n"
+                  "def compare():\n    checks.timed(double, 2)\n    checks.assert_close(double(21), 42, 'double(21)')\n"
+                  "remeasure.agree(compare, 2)", "test_timed", grade=True, locked=True)
+    return _nb(answer, timed)
+
+
+def test_a_measured_cell_is_measured_again_there(tmp_path):
+    # a right answer passes whatever the machine's load: its re-measurement ran in the clean process
+    found = _verdicts(tmp_path, _measured_nb("def double(x):\n    return 2 * x"))
+    assert found["test_timed"] == [True, ""], found
+
+
+class _Window:
+    """A stand-in for ``grader.remeasure.Load`` that reports the load it is told to."""
+
+    loaded_now = False
+
+    def __init__(self):
+        self.closed, self.loaded, self.slowdown = False, False, 1.0
+
+    def close(self):
+        self.closed, self.loaded = True, _Window.loaded_now
+        return self
+
+    def describe(self):
+        return "told to be loaded" if self.loaded else "quiet"
+
+
+@pytest.mark.parametrize("loaded, verdict", [(False, False), (True, None)])
+def test_a_miss_measured_there_counts_only_on_a_quiet_machine(monkeypatch, loaded, verdict):
+    """A wrong answer in a cell that re-measures fails there on a quiet machine; the same miss on a
+    loaded one gives no verdict (the kernel's stands): the grader's own measurement may be the
+    machine's. Run in this process with the load window stubbed, so the test needs no idle machine."""
+    from grader import remeasure
+
+    monkeypatch.setattr(remeasure, "Load", _Window)
+    monkeypatch.setattr(_Window, "loaded_now", loaded)
+    monkeypatch.setattr("grader.checks.NOISY_PAUSE_S", 0.0)
+    monkeypatch.setenv(remeasure.CLEAN_ROOM_ENV, "")  # restored after the test: run() sets it
+    spec = clean_room.job(_measured_nb("def double(x):\n    return x + 2"))
+    found = clean_room.run(spec)
+    assert found["test_timed"][0] is verdict, found
+    assert "double(21)" in found["test_timed"][1]
+    if loaded:
+        assert "NotMeasuredHere" in found["test_timed"][1] and "told to be loaded" in found["test_timed"][1]
+
+
+def test_an_answer_that_needs_a_name_this_process_lacks_gets_no_verdict(monkeypatch):
+    # grader.checks.call turns the answer's NameError into an AssertionError: still not the answer's fault
+    monkeypatch.setenv("GPULAB_CLEAN_ROOM", "")
+    nb = _nb("def double(x):\n    return x * SCALE_FROM_A_FILE",
+             _cell("checks.call(double, 3, name='double')", "test_call", grade=True, locked=True))
+    found = clean_room.run(clean_room.job(nb))
+    assert found["test_call"][0] is None and "NameError" in found["test_call"][1], found
+
+
+def test_the_globals_an_answer_reads_are_handed_over(tmp_path):
+    scale = _cell("FACTOR = int('2')", "mine")  # computed by a call: only the kernel knows it
+    scale["metadata"] = {}
+    nb = _nb("def double(x):\n    return x * FACTOR", scale)
+    assert clean_room.job(nb)["globals"] == ["FACTOR"]
+    snap = clean_room.with_snapshots(nb, nb)
+    assert all("'FACTOR'" in c["source"] for c in snap["cells"] if c["source"].startswith(clean_room.SNAPSHOT_MARK))
+    path = tmp_path / "values.jsonl"
+    path.write_text(json.dumps(["test_double", {"FACTOR": "2"}]) + "\n")
+    assert _verdicts(tmp_path, nb, values=path)["test_double"] == [True, ""]
+    path.write_text(json.dumps(["test_double", {"FACTOR": "3"}]) + "\n")  # the kernel's value decides
+    assert _verdicts(tmp_path, nb, values=path)["test_double"][0] is False
+
+
+def test_timings_dtypes_and_devices_are_handed_over_as_their_fields(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from utils.timing import TimingResult
+
+    t = TimingResult.from_times([1.0, 2.0, 4.0], "perf_counter")
+    ns = {"sweep": {(64, 64): t}, "dt": torch.bfloat16, "dev": torch.device("cpu"), "x": torch.ones(2),
+          "rates": [1.0, float("inf")]}
+    path = tmp_path / "v.jsonl"
+    monkeypatch.setenv(clean_room.VALUES_ENV, str(path))
+    clean_room.snapshot(ns, "test_x", ("sweep", "dt", "dev", "x", "rates"))
+    _, values = json.loads(path.read_text())
+    assert sorted(values) == ["dev", "dt", "rates", "sweep"]  # a tensor is an object: not handed over
+    import ast
+
+    back = {k: clean_room._rebuilt(ast.literal_eval(v)) for k, v in values.items()}
+    assert back["sweep"][(64, 64)] == t and back["sweep"][(64, 64)].times_ms == [1.0, 2.0, 4.0]
+    assert back["dt"] is torch.bfloat16 and back["dev"] == torch.device("cpu") and back["rates"] == [1.0, float("inf")]
+    with pytest.raises(ValueError, match="not a torch dtype"):  # a forged tag builds nothing else
+        clean_room._rebuilt({clean_room.COURSE_TAG: "torch:dtype", "name": "save"})
+
+
+def test_the_course_dataclasses_are_rebuilt_by_their_own_constructors():
+    import ast
+
+    from utils.hardware import SPECS
+
+    row = next(iter(SPECS.values()))
+    back = clean_room._rebuilt(ast.literal_eval(repr(clean_room._plain({"A100": row}))))
+    assert back["A100"] == row and type(back["A100"]) is type(row)
+    for forged in ("os:system", "subprocess:Popen", "utils.hardware:current_spec", "utils/../x:Y"):
+        with pytest.raises((ValueError, ImportError)):
+            clean_room._rebuilt({clean_room.COURSE_TAG: forged, "args": "ls"})
+
+
+def test_a_check_that_reads_an_answers_source_finds_it_there(tmp_path):
+    # lab 02's sync functions and lab 05's RNG hooks are written to a file for other processes:
+    # the check reads their cell's source (imports included), as IPython's linecache keeps it
+    # (an import the course's cells also make is kept in it: the cell's module needs it)
+    answer = "from grader import checks\nimport math\ndef double(x):\n    return 2 * x"
+    src = _cell("import inspect\ntext = ''.join(inspect.findsource(double)[0])\n"
+                "assert 'from grader import checks' in text and 'import math' in text, text\n"
+                "assert 'return 2 * x' in text, text", "test_src", grade=True, locked=True)
+    assert _verdicts(tmp_path, _nb(answer, src))["test_src"] == [True, ""]
+
+
+def test_an_answer_that_failed_on_a_missing_name_in_another_process_gets_no_verdict(monkeypatch):
+    # a check that ran the answer as a module elsewhere (lab 02's ranks) reports the answer's error by name
+    monkeypatch.setenv("GPULAB_CLEAN_ROOM", "")
+    relay = _cell("raise AssertionError('your sync_each(model) raised NameError: name torch is not defined')",
+                  "test_relay", grade=True, locked=True)
+    found = clean_room.run(clean_room.job(_nb("def double(x):\n    return 2 * x", relay)))
+    assert found["test_relay"][0] is None and "raised NameError" in found["test_relay"][1], found
+
+
+def test_an_import_the_notebook_rebinds_is_handed_over_not_assumed(tmp_path):
+    # lab 05 imports utils.decode, then binds decode to the measured rows: the kernel's value is the rows
+    imports = _cell("from utils import decode", "setup_decode", locked=True)
+    rows = _cell("decode = decode.run_rows()", "rows", locked=True)
+    reads = _cell("assert decode == {1: 2.0}, decode", "test_rows", grade=True, locked=True)
+    nb = _nb("def double(x):\n    return 2 * x", imports, rows, reads)
+    found = _verdicts(tmp_path, nb)
+    assert found["test_rows"] == [None, "reads what the notebook computed: decode"], found
+    path = tmp_path / "values.jsonl"
+    path.write_text(json.dumps(["test_rows", {"decode": "{1: 2.0}"}]) + "\n")
+    assert _verdicts(tmp_path, nb, values=path)["test_rows"] == [True, ""]
+
+
+def test_a_container_filled_in_place_is_handed_over_not_taken_as_written(tmp_path):
+    # decode = {} in the answer, then a loop fills it: the literal is not what the kernel held
+    fill = _cell("for b in (1, 2):\n    rows[b] = run_the_decode(b)", "fill")
+    fill["metadata"] = {}
+    reads = _cell("assert set(rows) == {1, 2}, rows", "test_rows", grade=True, locked=True)
+    nb = _nb("rows = {}\ndef double(x):\n    return 2 * x", fill, reads)
+    assert _verdicts(tmp_path, nb)["test_rows"] == [None, "reads what the notebook computed: rows"]
+    path = tmp_path / "values.jsonl"
+    path.write_text(json.dumps(["test_rows", {"rows": "{1: 0.5, 2: 0.7}"}]) + "\n")
+    assert _verdicts(tmp_path, nb, values=path)["test_rows"] == [True, ""]

@@ -243,7 +243,7 @@ def test_a_transformer_that_skips_every_test_passes_the_kernel_and_fails_the_cle
     assert "failed when the grader ran them on your definitions in a clean process" in messages(r)
     assert "double(21)" in messages(r) or "AssertionError" in messages(r)
     assert graded["results"]["zz_reference"]["clean_room"] == {"checked": ["test_double", "test_value"],
-                                                               "disagreed": []}
+                                                               "unchecked": {}, "disagreed": []}
 
 
 def test_scores_written_into_the_gradebook_by_the_notebook_do_not_count(graded):

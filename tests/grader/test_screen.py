@@ -181,9 +181,10 @@ def predict_slow(m, n, k, sm_count, dtype_bytes):
 def test_the_clean_process_fails_the_five_line_cheat_even_unscreened(tmp_path):
     """The same cheat with wrong answers, graded with the screen off (``--no-screen``): every
     test cell became ``pass`` in the kernel, and each cell the clean process can check
-    (grader/clean_room.py) is held at 0 there. The cells that read what the notebook measured
-    cannot be checked outside the kernel and keep the kernel's verdict: the screen is their
-    defence (docs/grading.md)."""
+    (grader/clean_room.py) is held at 0 there: the four that need only definitions, and the
+    measured ones whose timings were handed over (the matmul's, timed as the reference does, where
+    the grader times the matmul again in that process). The cells that read objects the notebook built (a model, a
+    monitor, tensors) keep the kernel's verdict: the screen is their defence (docs/grading.md)."""
     import subprocess
     import sys
 
@@ -196,6 +197,12 @@ def test_the_clean_process_fails_the_five_line_cheat_even_unscreened(tmp_path):
     sweep = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("solution")
                  and "def quantization" in "".join(c["source"]))
     sweep["source"] = WRONG_SWEEP_ANSWERS
+    # the matmul timed as the reference does: its rate goes through the wrong achieved_tflops
+    ref = json.loads((ROOT / "grader" / "source" / "00_foundations" / "00_foundations.ipynb").read_text())
+    timed = next("".join(c["source"]) for c in ref["cells"]
+                 if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "matmul_answer")
+    next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "matmul_answer")[
+        "source"] = "\n".join(ln for ln in timed.splitlines() if "SOLUTION" not in ln)
     path = tmp_path / "00_foundations.ipynb"
     path.write_text(json.dumps(nb))
     out = tmp_path / "res.json"
@@ -206,6 +213,8 @@ def test_the_clean_process_fails_the_five_line_cheat_even_unscreened(tmp_path):
                                              "00_foundations.ipynb").read_text()))["cells"])
     assert pure == ["test_bound", "test_intensity", "test_quantization", "test_rates"]
     cells = {c["cell"]: c for c in res["cells"]}
-    for cid in pure:
+    checked = res["clean_room"]["checked"]
+    assert set(pure) | {"test_matmul"} <= set(checked), res["clean_room"]
+    for cid in checked:
         assert cells[cid]["score"] == 0 and "clean process" in cells[cid]["message"], p.stdout + p.stderr
         assert cells[cid]["kernel_score"] == cells[cid]["points"], "the kernel was not fooled: nothing tested"
