@@ -35,7 +35,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from grader import REPO_ROOT, SOURCE_DIR, clean_room, resume
+from grader import REPO_ROOT, SOURCE_DIR, clean_room, clean_values, resume
 from grader import course as C
 from grader.submissions import MAX_FILE_MB, Submission, SubmissionError, file_problem, prepare
 
@@ -183,7 +183,7 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTim
     env = dict(base_env)
     if record is not None:
         env[RECORD_ENV] = str(record)
-    env[clean_room.VALUES_ENV] = str(course / "clean-values.jsonl")  # where the snapshot cells write
+    env[clean_values.VALUES_ENV] = str(course / "clean-values.jsonl")  # where the snapshot cells write
     cmd = [sys.executable, "-m", "grader.worker", "--course", str(course), "--assignment", assignment,
            "--student", sub.student_id, "--timeout", str(timeout.seconds), "--iopub-timeout", str(timeout.iopub_s),
            "--startup-timeout", str(timeout.startup_s), "--timeout-why", timeout.why, "--result", str(result_file)]

@@ -26,7 +26,7 @@ read, and the clean process takes a value only where ``ast.literal_eval`` reads 
 strings, and lists, tuples, dicts and sets of them), never code or objects. An instance of a
 dataclass of the course's ``utils`` (a timing result, a spec row, a recipe), a torch dtype and a
 torch device go as their fields and are rebuilt here by the course's own constructors
-(:func:`_plain`). The kernel can forge those values, but they are the learner's
+(``grader.clean_values``). The kernel can forge those values, but they are the learner's
 answers anyway; the checks that judge them run here, untouched.
 
 A cell that measures runs here too: the grader's re-measurement (``grader.remeasure.agree``) times
@@ -52,7 +52,6 @@ import ast
 import builtins
 import json
 import linecache
-import math
 import os
 import re
 import signal
@@ -62,9 +61,9 @@ import tempfile
 import time
 from pathlib import Path
 
-VALUES_ENV = "GPULAB_CLEAN_VALUES"  # the file the snapshot cells write, set by the batch per submission
+from grader.clean_values import read, rebuilt
+
 SNAPSHOT_MARK = "# the grader's copy of the values the next test reads, for its clean-process check (not graded)"
-REPR_LIMIT = 200_000  # characters: a value whose repr is longer is not handed over
 CELL_TIMEOUT_S = 30  # a cell whose tests take longer here is left to its kernel verdict
 TOTAL_TIMEOUT_S = 180  # the whole clean run; cells not reached keep their kernel verdict
 BUILTINS = set(dir(builtins))
@@ -231,109 +230,10 @@ def with_snapshots(submitted: dict, source: dict) -> dict:
         if reads.get(gid) and cell.get("cell_type") == "code":
             cells.append({"cell_type": "code", "execution_count": None, "id": f"gpulab-snapshot-{len(cells)}",
                           "metadata": {}, "outputs": [],
-                          "source": f"{SNAPSHOT_MARK}\n__import__('grader.clean_room').clean_room.snapshot("
+                          "source": f"{SNAPSHOT_MARK}\n__import__('grader.clean_values').clean_values.snapshot("
                                     f"globals(), {gid!r}, {tuple(reads[gid])!r})"})
         cells.append(cell)
     return dict(submitted, cells=cells)
-
-
-COURSE_TAG = "__course_value__"  # a course object handed over as its fields (_plain), rebuilt by _rebuilt
-
-
-def _plain(value, depth: int = 0):
-    """``value`` as plain data: containers walked; an instance of a dataclass of the course's
-    ``utils`` package (a timing result, a hardware spec row, a fine-tuning recipe) as a tagged dict
-    of its fields, a torch dtype or device and a float that is not finite by name; anything else as it is
-    (:func:`snapshot` then keeps it only if its ``repr`` is a literal)."""
-    import dataclasses
-
-    kind = type(value)
-    if depth > 20:
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type) and kind.__module__.startswith("utils."):
-        return {COURSE_TAG: f"{kind.__module__}:{kind.__qualname__}",
-                **{f.name: _plain(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value) if f.init}}
-    if kind.__module__ == "torch" and kind.__name__ in ("dtype", "device"):
-        return {COURSE_TAG: f"torch:{kind.__name__}", "name": str(value).removeprefix("torch.")}
-    if kind is float and not math.isfinite(value):  # a request rate of inf: repr gives a name, not a literal
-        return {COURSE_TAG: "float", "name": repr(value)}
-    if kind in (list, tuple, set, frozenset):
-        return kind(_plain(v, depth + 1) for v in value)
-    if kind is dict:
-        return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
-    return value
-
-
-def _rebuilt(value):
-    """:func:`_plain`'s output read back: each tagged dict becomes the course's object again, built
-    from its literal fields by the course's own constructor (nothing of the notebook's code runs),
-    and must give back the same fields (a class whose constructor transforms them is refused)."""
-    import dataclasses
-    import importlib
-
-    if type(value) in (list, tuple, set, frozenset):
-        return type(value)(_rebuilt(v) for v in value)
-    if type(value) is not dict:
-        return value
-    tag = value.get(COURSE_TAG)
-    if tag is None:
-        return {k: _rebuilt(v) for k, v in value.items()}
-    if tag == "float" and value.get("name") in ("inf", "-inf", "nan"):
-        return float(value["name"])
-    module, _, name = str(tag).partition(":")
-    if module == "torch" and name in ("dtype", "device") and isinstance(value.get("name"), str):
-        import torch
-
-        made = torch.device(value["name"]) if name == "device" else getattr(torch, value["name"], None)
-        if not isinstance(made, (torch.dtype, torch.device)):
-            raise ValueError(f"not a torch dtype: {value['name']!r}")
-        return made
-    cls = importlib.import_module(module) if re.fullmatch(r"utils(\.[a-z0-9_]+)+", module) else None
-    for part in name.split(".") if cls else ():
-        cls = getattr(cls, part, None)
-    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-        raise ValueError(f"not a dataclass of the course: {tag!r}")
-    made = cls(**{k: _rebuilt(v) for k, v in value.items() if k != COURSE_TAG})
-    if _plain(made) != value:
-        raise ValueError(f"{tag} does not rebuild from its fields")
-    return made
-
-
-def snapshot(ns: dict, grade_id: str, names: tuple[str, ...]) -> None:
-    """Append the plain values of ``names`` in ``ns`` (a kernel's globals) for ``grade_id`` to the
-    file :data:`VALUES_ENV` names (the course's objects as their fields, :func:`_plain`); a value that is
-    not plain data is left out. Prints nothing."""
-    path = os.environ.get(VALUES_ENV)
-    if not path:
-        return
-    values = {}
-    for name in names:
-        if name not in ns:
-            continue
-        try:
-            text = repr(_plain(ns[name]))
-            if len(text) <= REPR_LIMIT:
-                ast.literal_eval(text)
-                values[name] = text
-        except Exception:  # an object, a repr that raises or is not a literal: not handed over
-            continue
-    with open(path, "a") as f:
-        f.write(json.dumps([grade_id, values]) + "\n")
-
-
-def _snapshots(path: Path | None) -> dict[str, dict[str, str]]:
-    """The last snapshot written for each cell (a cell the notebook ran twice: its last run)."""
-    out: dict[str, dict[str, str]] = {}
-    if path is None or not Path(path).is_file():
-        return out
-    for line in Path(path).read_text(errors="replace").splitlines():
-        try:
-            gid, values = json.loads(line)
-            if isinstance(gid, str) and isinstance(values, dict):
-                out[gid] = {k: v for k, v in values.items() if isinstance(k, str) and isinstance(v, str)}
-        except (ValueError, TypeError):
-            continue
-    return out
 
 
 def _missing_here(exc: BaseException) -> str:
@@ -389,7 +289,7 @@ def run(spec: dict) -> dict:
     for grade_id, src in spec["cells"].items():
         alarm(cell_timeout_s)
         try:
-            ns.update({k: _rebuilt(ast.literal_eval(v)) for k, v in spec.get("values", {}).get(grade_id, {}).items()})
+            ns.update({k: rebuilt(ast.literal_eval(v)) for k, v in spec.get("values", {}).get(grade_id, {}).items()})
             exec(compile(src, f"<{grade_id}>", "exec"), ns)
             out[grade_id] = [True, ""]
         except AssertionError as exc:
@@ -410,13 +310,13 @@ def verdicts(nb_path: Path, *, cell_timeout_s: float | None = None, cwd: Path | 
     :func:`run`; cells it could not run are ``[None, why]``. ``cwd``: where the notebook ran (its
     code copy), so that ``grader`` and ``utils`` import from the same files. ``only``: the cells
     worth a second verdict (those that passed in the kernel); no process starts when none is.
-    ``values``: the snapshot file (:func:`snapshot`), whose plain values stand in for what a cell
+    ``values``: the snapshot file (``grader.clean_values.snapshot``), whose plain values stand in for what a cell
     reads beyond the definitions. ``cell_timeout_s``: the most one cell may take here (the kernel's
     per-cell limit, when a cell re-measures); the whole run stops after that times the cells, at
     least :data:`TOTAL_TIMEOUT_S`."""
     cell_timeout_s = CELL_TIMEOUT_S if cell_timeout_s is None else cell_timeout_s
     spec = job(json.loads(Path(nb_path).read_text()))
-    handed, spec["values"], missing = _snapshots(values), {}, spec.pop("missing")
+    handed, spec["values"], missing = read(values), {}, spec.pop("missing")
     for gid, names in missing.items():
         if set(names) <= set(handed.get(gid, ())):
             spec["cells"][gid] = spec["tests"][gid]

@@ -96,12 +96,12 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
         cell.update(rep)
         cell["passed"] = cell["score"] >= cell["points"] and cell["points"] > 0
     if result["status"] == "ok" and C.autograded_path(course, assignment, student).is_file():
-        from grader import clean_room
+        from grader import clean_room, clean_values
 
         # every cell that scored in the kernel, measured ones included: the clean process measures
         # again with the grader's timer, and gives no verdict where that missed on a loaded machine
         passed = {c["cell"] for c in grades["cells"] if c.get("mode") != "manual" and c.get("score", 0) > 0}
-        values = os.environ.get(clean_room.VALUES_ENV)
+        values = os.environ.get(clean_values.VALUES_ENV)
         found = clean_room.verdicts(C.autograded_path(course, assignment, student), cwd=C.REPO_ROOT, only=passed,
                                     values=Path(values) if values else None,
                                     cell_timeout_s=max(clean_room.CELL_TIMEOUT_S, timeout_s))

@@ -1,7 +1,8 @@
-"""The clean process's second verdict (grader/clean_room.py): the tests of a graded cell run again
-on the learner's definitions alone, in a process no kernel touched. Each lab's reference passes
-there; a wrong answer fails there whatever its kernel did; what cannot be checked there is left
-to the kernel's verdict, never failed. The grader's batch using it is in test_hostile.py."""
+"""The clean process's second verdict (grader/clean_room.py; the values handed to it:
+grader/clean_values.py): the tests of a graded cell run again on the learner's definitions alone,
+in a process no kernel touched. Each lab's reference passes there; a wrong answer fails there
+whatever its kernel did; what cannot be checked there is left to the kernel's verdict, never
+failed. The grader's batch using it is in test_hostile.py."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import clean_room
+from grader import clean_room, clean_values
 
 ROOT = Path(__file__).resolve().parents[2]
 LABS = ("00_foundations", "01_single_gpu", "02_multi_gpu", "03_inference_serving", "04_benchmarking_production",
@@ -122,12 +123,12 @@ def test_a_value_the_notebook_computed_is_handed_over_as_data(tmp_path, measured
 
 def test_snapshots_hand_over_plain_data_only(tmp_path, monkeypatch):
     path = tmp_path / "v.jsonl"
-    monkeypatch.setenv(clean_room.VALUES_ENV, str(path))
-    ns = {"a": 1.5, "b": {"x": [1, (2, "3")]}, "c": object(), "d": {"f": print}, "e": "x" * (clean_room.REPR_LIMIT + 1)}
-    clean_room.snapshot(ns, "test_x", ("a", "b", "c", "d", "e", "missing"))
+    monkeypatch.setenv(clean_values.VALUES_ENV, str(path))
+    ns = {"a": 1.5, "b": {"x": [1, (2, "3")]}, "c": object(), "d": {"f": print}, "e": "x" * (clean_values.REPR_LIMIT + 1)}
+    clean_values.snapshot(ns, "test_x", ("a", "b", "c", "d", "e", "missing"))
     assert json.loads(path.read_text()) == ["test_x", {"a": "1.5", "b": "{'x': [1, (2, '3')]}"}]
-    monkeypatch.delenv(clean_room.VALUES_ENV)
-    clean_room.snapshot(ns, "test_y", ("a",))  # outside a grading batch: nothing written, nothing raised
+    monkeypatch.delenv(clean_values.VALUES_ENV)
+    clean_values.snapshot(ns, "test_y", ("a",))  # outside a grading batch: nothing written, nothing raised
     assert path.read_text().count("\n") == 1
 
 
@@ -266,17 +267,17 @@ def test_timings_dtypes_and_devices_are_handed_over_as_their_fields(tmp_path, mo
     ns = {"sweep": {(64, 64): t}, "dt": torch.bfloat16, "dev": torch.device("cpu"), "x": torch.ones(2),
           "rates": [1.0, float("inf")]}
     path = tmp_path / "v.jsonl"
-    monkeypatch.setenv(clean_room.VALUES_ENV, str(path))
-    clean_room.snapshot(ns, "test_x", ("sweep", "dt", "dev", "x", "rates"))
+    monkeypatch.setenv(clean_values.VALUES_ENV, str(path))
+    clean_values.snapshot(ns, "test_x", ("sweep", "dt", "dev", "x", "rates"))
     _, values = json.loads(path.read_text())
     assert sorted(values) == ["dev", "dt", "rates", "sweep"]  # a tensor is an object: not handed over
     import ast
 
-    back = {k: clean_room._rebuilt(ast.literal_eval(v)) for k, v in values.items()}
+    back = {k: clean_values.rebuilt(ast.literal_eval(v)) for k, v in values.items()}
     assert back["sweep"][(64, 64)] == t and back["sweep"][(64, 64)].times_ms == [1.0, 2.0, 4.0]
     assert back["dt"] is torch.bfloat16 and back["dev"] == torch.device("cpu") and back["rates"] == [1.0, float("inf")]
     with pytest.raises(ValueError, match="not a torch dtype"):  # a forged tag builds nothing else
-        clean_room._rebuilt({clean_room.COURSE_TAG: "torch:dtype", "name": "save"})
+        clean_values.rebuilt({clean_values.COURSE_TAG: "torch:dtype", "name": "save"})
 
 
 def test_the_course_dataclasses_are_rebuilt_by_their_own_constructors():
@@ -285,11 +286,11 @@ def test_the_course_dataclasses_are_rebuilt_by_their_own_constructors():
     from utils.hardware import SPECS
 
     row = next(iter(SPECS.values()))
-    back = clean_room._rebuilt(ast.literal_eval(repr(clean_room._plain({"A100": row}))))
+    back = clean_values.rebuilt(ast.literal_eval(repr(clean_values.plain({"A100": row}))))
     assert back["A100"] == row and type(back["A100"]) is type(row)
     for forged in ("os:system", "subprocess:Popen", "utils.hardware:current_spec", "utils/../x:Y"):
         with pytest.raises((ValueError, ImportError)):
-            clean_room._rebuilt({clean_room.COURSE_TAG: forged, "args": "ls"})
+            clean_values.rebuilt({clean_values.COURSE_TAG: forged, "args": "ls"})
 
 
 def test_a_check_that_reads_an_answers_source_finds_it_there(tmp_path):
