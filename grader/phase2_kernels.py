@@ -82,8 +82,9 @@ def _dtypes(interpreted: bool) -> tuple:
 
     if interpreted:
         return (torch.float32,)
-    half = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
-    return (torch.float32, half)
+    from utils import rehearsal
+
+    return (torch.float32, rehearsal.half_torch_dtype())  # as utils.fused times the learner's kernel
 
 
 def assert_triton_kernel(kernel: Any, name: str) -> None:

@@ -25,15 +25,10 @@ from utils.units import tflop_per_s
 
 def setting(assignment: str) -> tuple[Any, str, Any]:
     """``(sizes, device, matmul dtype)`` as the notebook's setup cells choose them: the CPU
-    in fp32 in smoke mode, else CUDA in bf16 (fp16 before Ampere)."""
-    import torch
+    in fp32 in smoke mode, else CUDA in bf16 (fp16 before Ampere, and rehearsing a T4: ``utils.env.matmul_dtype``)."""
+    from utils.env import matmul_dtype, phase_sizes, smoke_mode
 
-    from utils.env import phase_sizes, smoke_mode
-
-    if smoke_mode():
-        return phase_sizes(assignment), "cpu", torch.float32
-    dtype = torch.bfloat16 if torch.cuda.get_device_capability()[0] >= 8 else torch.float16
-    return phase_sizes(assignment), "cuda", dtype
+    return phase_sizes(assignment), "cpu" if smoke_mode() else "cuda", matmul_dtype()
 
 
 def matmul(n: int, dtype, device) -> dict:

@@ -174,7 +174,9 @@ def _matmuls(device: Any, n: int = 4096, gpu_ms: float = 10.0):
     """``reps`` half-precision ``n x n`` matmuls, ``reps`` chosen to take about ``gpu_ms`` here."""
     import torch
 
-    dtype = torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
+    from utils import rehearsal
+
+    dtype = rehearsal.half_torch_dtype(torch.device(device).index or 0)
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(3):  # the last of three: clocks up, cuBLAS warmed

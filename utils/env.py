@@ -52,6 +52,15 @@ def smoke_mode() -> bool:
     return not cuda_available()
 
 
+def matmul_dtype():
+    """The dtype the labs time matmuls in: fp32 in smoke mode (a CPU has no tensor cores), else the
+    card's tensor-core dtype: bf16 from Ampere, fp16 before it (a T4), the rehearsed card's under
+    ``GPULAB_TIER`` (:func:`utils.rehearsal.half_torch_dtype`)."""
+    import torch
+
+    return torch.float32 if smoke_mode() else rehearsal.half_torch_dtype()
+
+
 def device_tier() -> str:
     """The size tier for this runtime (see the module docstring)."""
     forced = os.environ.get(TIER_VAR, "").strip().lower()

@@ -86,6 +86,13 @@ def half_dtype(index: int = 0) -> str:
     return "bf16" if capability(index)[0] >= 8 else "fp16"
 
 
+def half_torch_dtype(index: int = 0):
+    """:func:`half_dtype` as a torch dtype: ``torch.bfloat16`` or ``torch.float16``."""
+    import torch
+
+    return torch.bfloat16 if half_dtype(index) == "bf16" else torch.float16
+
+
 def engine_memory_fraction(requested: float, index: int = 0) -> float:
     """The share of this GPU an engine in its own process may take: ``requested`` of the rehearsed
     card's memory, as on the card itself (``requested`` unchanged when nothing is rehearsed).
