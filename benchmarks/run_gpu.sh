@@ -138,13 +138,18 @@ torch.cuda.synchronize()" & load=$!
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --out "$out/lvb_bf16.json"
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --quantization fp8 --out "$out/lvb_fp8.json" ;;
     t4|t4:*) # every lab (t4) or one (t4:ASSIGNMENT) graded live as a T4 learner runs it (utils/rehearsal.py:
-      # T4 memory cap, fp16, T4 sizes); peak device memory from nvidia-smi every 0.5 s, engines in their own processes included
+      # T4 memory cap, fp16, T4 sizes); peak device memory from nvidia-smi every 0.5 s, engines in their own processes
+      # included, then by notebook cell (benchmarks/memory_by_cell.py)
       labs="00_foundations 01_single_gpu 02_multi_gpu 03_inference_serving 04_benchmarking_production 05_hardware_and_cost"
       [ "$step" = t4 ] || labs=${step#t4:}
       for a in $labs; do
+        t0=$(date -u +%FT%T.%3NZ)
         nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$out/t4_mem_$a.txt" & smi=$!
         GPULAB_TIER=t4 run python -m grader.gpu_check "$out/t4_$a" --assignment "$a" --live-only
-        kill $smi; echo "$a peak_mib $(sort -n "$out/t4_mem_$a.txt" | tail -1)" | tee -a "$out/t4_peaks.txt"
+        kill $smi; t1=$(date -u +%FT%T.%3NZ)
+        echo "$a peak_mib $(sort -n "$out/t4_mem_$a.txt" | tail -1)" | tee -a "$out/t4_peaks.txt"
+        run python benchmarks/memory_by_cell.py "$out/t4_$a/gpu/autograded/self/$a.ipynb" "$out/t4_mem_$a.txt" \
+          --start "$t0" --end "$t1" --json "$out/t4_memcells_$a.json"
       done ;;
     lab:*) a=${step#lab:}; run python -m grader.gpu_check "$out/lab_$a" --assignment "$a" --live-only ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
