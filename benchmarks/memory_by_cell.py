@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         if not interval > 0:
             raise InputError("the readings' interval must be positive: --end must come after --start")
         rows = by_cell(samples, start, cell_times(a.notebook), interval)
+        if all(r["peak_mib"] is None for r in rows[1:-1]):
+            raise InputError(f"no reading falls inside any cell of {a.notebook} (readings from {a.start} for "
+                             f"{len(samples) * interval:.0f} s): check --start")
     except InputError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2

@@ -289,8 +289,8 @@ def start(model_dir: str | os.PathLike, *, engine: str = "auto", quantization: s
     whole GiB, default 1); ``gpu_memory_fraction``: vLLM's ``--gpu-memory-utilization`` and
     SGLang's ``--mem-fraction-static``, 0.4 by default so that two engines fit one 15 GiB T4 beside
     the notebook (lab 04 starts a comparison engine while its own is up; each engine also holds
-    about 1 GiB outside its share, ``utils.lab_memory.ENGINE_OUTSIDE_SHARE_GIB``; lab 04 held at most
-    15,028 of a T4's 15,360 MiB so, on an H200 rehearsing a T4: benchmarks/RESULTS.md).
+    about 1 GiB outside its share, ``utils.lab_memory.ENGINE_OUTSIDE_SHARE_GIB``; with two engines up,
+    lab 04 peaked at 15,028 of a T4's 15,360 MiB on an H200 rehearsing a T4, benchmarks/RESULTS.md).
     ``max_model_len`` (default: the model's ``max_position_embeddings``) and ``block_size`` (default: the engine's) go to vLLM and
     SGLang. ``enforce_eager``: vLLM without compile and CUDA graphs (on vLLM 0.32's CPU build
     the worker then dies at the first request: pass ``warm_up=False`` to only read what it

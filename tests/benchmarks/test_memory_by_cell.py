@@ -67,6 +67,7 @@ def test_the_printout_names_where_the_device_first_reached_its_highest(tmp_path,
     ("bad start", "is not an ISO 8601 time"),
     ("local start", "has no time zone"),
     ("end before start", "--end must come after --start"),
+    ("start a day late", "no reading falls inside any cell"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, case, message):
     nb = _notebook(tmp_path, [("a", "2026-12-04T10:00:00Z", "2026-12-04T10:00:01Z")])
@@ -87,6 +88,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, message):
         start = "2026-12-04T10:00:00"
     elif case == "end before start":
         extra = ["--end", "2026-12-04T09:00:00Z"]
+    elif case == "start a day late":
+        start = "2026-12-05T10:00:00Z"
     r = subprocess.run([sys.executable, str(SCRIPT), str(nb), str(samples), "--start", start, *extra],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stdout == ""
