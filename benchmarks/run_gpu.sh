@@ -133,9 +133,10 @@ torch.cuda.synchronize()" & load=$!
       run python benchmarks/decode_tuning.py "$out/decode_tuning.json" ;;
     decode) run python benchmarks/decode_tuning.py "$out/decode_tuning.json" ;;
     serving) run python benchmarks/phase4_serving.py --out "$out/phase4_serving.json" --budget-s 400 ;;
-    vllmbench) # the course's load generator beside `vllm bench serve` on one vLLM server: bf16, then fp8 weights
+    vllmbench) # the course's load generator beside `vllm bench serve` on one vLLM server each: bf16, fp16, then fp8 weights
       a="--preset llama-1.1b --pairs 2 --num-requests 64 --input-len 256 --output-len 64 --concurrency 8"
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --out "$out/lvb_bf16.json"
+      run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype fp16 --out "$out/lvb_fp16.json"
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --quantization fp8 --out "$out/lvb_fp8.json" ;;
     t4|t4:*) # every lab (t4) or one (t4:ASSIGNMENT) graded live as a T4 learner runs it (utils/rehearsal.py:
       # T4 memory cap, fp16, T4 sizes); peak device memory from nvidia-smi every 0.5 s, engines in their own processes
