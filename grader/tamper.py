@@ -28,7 +28,13 @@ UTILS_MODULES = ("utils.timing", "utils.flops", "utils.nvml", "utils.monitor", "
                  "utils.memory", "utils.models", "utils.plots", "utils.profiling", "utils.training",
                  "utils.distributed", "utils.validate", "utils.units", "utils.trace_events", "utils.trace_metrics",
                  "utils.profile_diagnosis", "utils.inference", "utils.decode", "utils.quantize")
-GRADING_VARS = ("GPULAB_SMOKE", "GPULAB_SUBMITTED_RECORD", "GPULAB_UTILS_SHA256", "CUDA_VISIBLE_DEVICES")
+# What decides how a notebook is graded: smoke or GPU mode, the record graded without a GPU, the
+# utils checksum, which GPUs, the size tier (utils.env), real or random weights and which
+# checkpoints (utils.weights), which interpreter serves vLLM or SGLang (utils.engines), and where the
+# snapshot cells hand their values to the clean process (grader/clean_values.py).
+GRADING_VARS = ("GPULAB_SMOKE", "GPULAB_SUBMITTED_RECORD", "GPULAB_UTILS_SHA256", "CUDA_VISIBLE_DEVICES",
+                "GPULAB_TIER", "GPULAB_WEIGHTS", "GPULAB_HUB_IDS", "GPULAB_VLLM_PYTHON", "GPULAB_SGLANG_PYTHON",
+                "GPULAB_CLEAN_VALUES")
 
 
 @cache

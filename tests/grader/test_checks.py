@@ -31,6 +31,25 @@ def test_clean_environment_reports_nothing():
     assert tamper.tamper_report() == []
 
 
+@pytest.mark.parametrize("var, value", [("GPULAB_TIER", "t4"), ("GPULAB_WEIGHTS", "random"),
+                                        ("GPULAB_VLLM_PYTHON", "/tmp/not-vllm/python"),
+                                        ("GPULAB_CLEAN_VALUES", "/tmp/elsewhere.jsonl")])
+def test_a_notebook_that_changes_how_it_is_graded_is_caught(var, value):
+    # a process started as the grader starts a kernel (GPULAB_GRADING=1): changing the tier, the
+    # weights, the engine's interpreter or where the clean process's values go fails the check,
+    # and the same process with nothing changed passes it
+    code = ("import os, sys; from grader import tamper; tamper.assert_environment_unchanged(); print('unchanged ok')\n"
+            f"os.environ[{var!r}] = {value!r}\n"
+            "try:\n    tamper.assert_environment_unchanged()\nexcept AssertionError as e:\n    print(e)\n"
+            "else:\n    print('not caught')")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "GPULAB_GRADING": "1", "GPULAB_VLLM_PYTHON": sys.executable}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()[:2]
+    assert first == "unchanged ok"
+    assert second.startswith(f"the notebook changed {var} while it was graded"), second
+
+
 def test_patched_utils_function_is_caught(monkeypatch):
     import utils.timing
 
