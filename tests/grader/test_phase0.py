@@ -191,8 +191,9 @@ def batch(tmp_path_factory):
     _cell(hostile, "test_matmul")["source"] = "pass  # tests edited away"
     _cell(hostile, "test_bound")["source"] = "assert True"
     prepend(hostile, "device", "raise RuntimeError('edited locked cell')")
-    # a written answer quoting an MFU the run did not print: the reviewer's note names it
-    _cell(hostile, "limiter_writeup")["source"] = "Overhead-bound: MFU was 97.5% of the fp32 peak."
+    # a written answer quoting an MFU the run did not print (far from anything the section prints,
+    # so a noisy timing cannot match it within the check's 0.5%): the reviewer's note names it
+    _cell(hostile, "limiter_writeup")["source"] = "Overhead-bound: MFU was 0.0007% of the fp32 peak."
     put("hostile", hostile)
 
     perf = answered()
@@ -286,7 +287,7 @@ def test_hostile_but_correct_submission_keeps_full_marks(batch):
     assert r["status"] == "ok"
     assert r["score"] == r["auto_max_score"], _messages(r)
     note = _cells(r)["limiter_writeup"]["message"]
-    assert "not found among them: 97.5%" in note, note
+    assert "not found among them: 0.0007%" in note, note
     nb = json.loads((batch["out"] / "autograded" / "hostile" / "00_foundations.ipynb").read_text())
     loop = next(c for c in nb["cells"] if c.get("id") == "loop")
     assert any(o.get("ename") == "CellTimeoutError" for o in loop["outputs"])
