@@ -101,7 +101,10 @@ def test_a_right_kernel_passes(kernels, capsys):
     kernels.check_fused_bias_gelu(launcher(good_kernel), good_kernel)
     kernels.check_second_fusion(second_fused, second_unfused, second_inputs, second_bytes, bias_relu_residual, good_kernel)
     out = capsys.readouterr().out
-    assert "5 hidden shapes" in out and "speed is not graded" in out and "3 ops fused" in out
+    if kernels.where()[1]:  # Triton's interpreter (no GPU): right on the shapes, speed not graded
+        assert "5 hidden shapes" in out and "speed is not graded" in out and "3 ops fused" in out
+    else:  # compiled on a GPU: both kernels re-timed against their unfused ops
+        assert "fused_bias_gelu: " in out and "second_fused: " in out and out.count("re-measured here") == 2, out
 
 
 @pytest.mark.parametrize("kernel, why", [(bias_by_flat_offset, "differs from PyTorch"), (sigmoid_gelu, "differs from PyTorch"),
