@@ -103,8 +103,9 @@ def test_a_right_kernel_passes(kernels, capsys):
     out = capsys.readouterr().out
     if kernels.where()[1]:  # Triton's interpreter (no GPU): right on the shapes, speed not graded
         assert "5 hidden shapes" in out and "speed is not graded" in out and "3 ops fused" in out
-    else:  # compiled on a GPU: both kernels re-timed against their unfused ops
-        assert "fused_bias_gelu: " in out and "second_fused: " in out and out.count("re-measured here") == 2, out
+    else:  # compiled on a GPU: both kernels re-timed against their unfused ops (a noisy GPU may retry)
+        timed = [line for line in out.splitlines() if "re-measured here" in line]
+        assert any("fused_bias_gelu: " in t for t in timed) and any("second_fused: " in t for t in timed), out
 
 
 @pytest.mark.parametrize("kernel, why", [(bias_by_flat_offset, "differs from PyTorch"), (sigmoid_gelu, "differs from PyTorch"),
