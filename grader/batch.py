@@ -36,12 +36,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from grader import REPO_ROOT, SOURCE_DIR, clean_room, clean_values, resume
+from grader.preprocessors import judged
 from grader import course as C
 from grader.submissions import MAX_FILE_MB, Submission, SubmissionError, file_problem, prepare
 
 CSV_COLUMNS = [  # nbgrader's CsvExportPlugin columns, in its order, then ours
     "assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email",
     "raw_score", "late_submission_penalty", "score", "max_score", "status", "needs_manual_grade",
+    "verified_score", "provisional_score", "needs_review",
 ]
 RECORD_ENV = "GPULAB_SUBMITTED_RECORD"  # grader/checks.py reads the learner's record from here
 KEEP_ENV = "GPULAB_KEEP_GRADING_DIRS"  # set to 1 to keep the temporary course copies for debugging
@@ -175,7 +177,7 @@ def _log_tail(path: Path, limit: int = 65536) -> str:
 
 
 def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTimeout, total_timeout_s: float,
-                feedback: bool, record: Path | None, base_env: dict, code_files: dict) -> dict:
+                feedback: bool, record: Path | None, base_env: dict, code_files: dict, worker_args: tuple = ()) -> dict:
     course = work / sub.student_id
     result_file = course / "result.json"
     code = _write_code(code_files, course / "code")
@@ -186,7 +188,8 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTim
     env[clean_values.VALUES_ENV] = str(course / "clean-values.jsonl")  # where the snapshot cells write
     cmd = [sys.executable, "-m", "grader.worker", "--course", str(course), "--assignment", assignment,
            "--student", sub.student_id, "--timeout", str(timeout.seconds), "--iopub-timeout", str(timeout.iopub_s),
-           "--startup-timeout", str(timeout.startup_s), "--timeout-why", timeout.why, "--result", str(result_file)]
+           "--startup-timeout", str(timeout.startup_s), "--timeout-why", timeout.why, "--result", str(result_file),
+           *worker_args]
     if not feedback:
         cmd.append("--no-feedback")
     try:
@@ -211,11 +214,11 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTim
 
 
 def _pinned_worker(gpu_plan, work: Path, assignment: str, sub: Submission, timeout, total_timeout_s: float,
-                   feedback: bool, record: Path | None, base_env: dict, code_files: dict) -> dict:
+                   feedback: bool, record: Path | None, base_env: dict, code_files: dict, worker_args: tuple = ()) -> dict:
     """:func:`_run_worker` on a GPU of the plan's, held for as long as the worker runs."""
     with gpu_plan.device() as device:
         env = base_env if device is None else {**base_env, "CUDA_VISIBLE_DEVICES": device}
-        r = _run_worker(work, assignment, sub, timeout, total_timeout_s, feedback, record, env, code_files)
+        r = _run_worker(work, assignment, sub, timeout, total_timeout_s, feedback, record, env, code_files, worker_args)
         if device is not None:
             r.setdefault("gpu", device)
         return r
@@ -234,6 +237,8 @@ def grade_batch(
     source_dir: Path = SOURCE_DIR,
     screen: bool = True,
     gpu_plan=None,
+    count_provisional: bool = False,
+    seed: int | None = None,
 ) -> list[dict]:
     """Grade ``subs``; write the outputs to ``out_dir`` (if given); return one dict each.
 
@@ -265,7 +270,7 @@ def grade_batch(
         if kept:
             print(f"resuming: {len(kept)} of {len(subs)} submissions already graded in {out_dir} (kept; a changed "
                   f"submission is graded again); grading the other {len(subs) - len(kept)}", file=sys.stderr)
-        runnable = []
+        runnable, flagged = [], set()
         for sub in subs:
             if sub.student_id in kept:
                 continue
@@ -279,7 +284,8 @@ def grade_batch(
                 if sub.record is not None:
                     if why := file_problem(sub.record):
                         raise SubmissionError(f"its record {sub.record.name} {why}")
-                    record = dest / f"{assignment}.submitted-record.json"
+                    record = dest / (f"{assignment}.record.json" if judged(assignment)
+                                     else f"{assignment}.submitted-record.json")
                     shutil.copyfile(sub.record, record)
             except SubmissionError as exc:
                 results[sub.student_id] = _zero(sub, assignment, max_score, f"{name} {exc}" if sub.notebook else str(exc), cell_list)
@@ -290,9 +296,13 @@ def grade_batch(
                                                 f"({type(exc).__name__}: {why})", cell_list)
                 continue
             if screen and (held := _held_for_review(sub, assignment, max_score, cell_list, dest, released)):
-                results[sub.student_id] = held
-                continue
-            _add_snapshots(dest / f"{assignment}.ipynb", course / "source" / assignment / f"{assignment}.ipynb")
+                if not judged(assignment):
+                    results[sub.student_id] = held
+                    continue
+                notes = notes + held["notes"]  # a tripwire for review: the judges decide, outside the kernel
+                flagged.add(sub.student_id)
+            if not judged(assignment):
+                _add_snapshots(dest / f"{assignment}.ipynb", course / "source" / assignment / f"{assignment}.ipynb")
             runnable.append((sub, notes, record))
 
         bar = _progress(len(subs), progress)
@@ -303,8 +313,10 @@ def grade_batch(
                 failed += 1
                 bar.write(f"{sid}: 0 / {r['max_score']:g}: {r['status'][:300]}")
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            worker_args = (("--count-provisional",) if count_provisional else ()) + (
+                ("--seed", str(seed)) if seed is not None else ())
             futures = {pool.submit(_pinned_worker, gpu_plan, work, assignment, sub, timeout, total, feedback, rec,
-                                   base_env, code_files): (sub, notes) for sub, notes, rec in runnable}
+                                   base_env, code_files, worker_args): (sub, notes) for sub, notes, rec in runnable}
             for fut in as_completed(futures):
                 sub, notes = futures[fut]
                 r = fut.result()
@@ -314,6 +326,8 @@ def grade_batch(
                 r.setdefault("timeout_why", timeout.why)
                 _trust_master_points(r, cell_list, max_score)
                 r["notes"] = notes + r.get("notes", []) + ([gpu_plan.note()] if gpu_plan.note() else [])
+                if sub.student_id in flagged:
+                    r["needs_review"] = True
                 if r["status"] == "ok" and r["notes"]:
                     r["status"] = "graded; " + "; ".join(r["notes"])
                 results[sub.student_id] = r
@@ -402,6 +416,8 @@ def _write_outputs(out: Path, work: Path, assignment: str, results: list[dict]) 
                 "raw_score": r.get("raw_score", r["score"]), "late_submission_penalty": r.get("late_submission_penalty", 0.0),
                 "score": r["score"], "max_score": r["max_score"], "status": r["status"],
                 "needs_manual_grade": manual_summary(r),
+                "verified_score": r.get("verified_score", r["score"]), "provisional_score": r.get("provisional_score", 0.0),
+                "needs_review": "yes" if r.get("needs_review") else "",
             })
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     for r in results:

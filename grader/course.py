@@ -183,58 +183,7 @@ def kill_descendants(spare: set[tuple[int, float]] = frozenset()) -> int:
     return len(procs)
 
 
-_GUARDED = None
 KERNEL_DIED = "the kernel died while running the notebook (a crash, os._exit, or out of memory)"
-
-
-def guarded_execute():
-    """nbgrader's ``Execute`` preprocessor with the guards of the module docstring (a class
-    made on first use: nbgrader is imported only when grading)."""
-    global _GUARDED
-    if _GUARDED is not None:
-        return _GUARDED
-    from nbformat.notebooknode import NotebookNode
-    from nbgrader import utils as nbu
-    from nbgrader.preprocessors import Execute
-
-    def graded_test(cell) -> bool:
-        return cell.cell_type == "code" and nbu.is_grade(cell) and not nbu.is_solution(cell)
-
-    def failing(o) -> bool:
-        return o.get("output_type") == "error" or (o.get("output_type") == "stream" and o.get("name") == "stderr")
-
-    class GuardedExecute(Execute):
-        def preprocess(self, nb, resources=None, km=None):
-            self._seen = {}
-            before = descendants()
-            try:
-                return super().preprocess(nb, resources, km)
-            finally:
-                kill_descendants(spare=before)  # whatever the notebook started, once its kernel stopped
-
-        def process_message(self, msg, cell, cell_index):
-            t, content = msg.get("msg_type"), msg.get("content", {})
-            if graded_test(cell) and (t == "error" or (t == "stream" and content.get("name") == "stderr")):
-                out = NotebookNode(output_type=t, **{k: content.get(k) for k in (
-                    ("ename", "evalue", "traceback") if t == "error" else ("name", "text"))})
-                self._seen.setdefault(cell_index, []).append(out)
-            return super().process_message(msg, cell, cell_index)
-
-        def on_cell_executed(self, **kwargs):
-            super().on_cell_executed(**kwargs)
-            cell, index = kwargs["cell"], kwargs["cell_index"]
-            if not graded_test(cell):
-                return
-            for o in cell.outputs:
-                if o.get("output_type") == "execute_result":  # nbgrader would read a number here as the score
-                    o.output_type = "display_data"
-                    o.pop("execution_count", None)
-            seen = self._seen.get(index, [])
-            if seen and not any(failing(o) for o in cell.outputs):
-                cell.outputs.extend(seen)  # the notebook cleared them: they still count
-
-    _GUARDED = GuardedExecute
-    return _GUARDED
 
 
 def ensure_scripts_on_path() -> None:
@@ -353,18 +302,45 @@ def feedback_path(root: Path, assignment: str, student: str) -> Path:
     return root / "feedback" / student / assignment / f"{assignment}.html"
 
 
+def pipeline(sanitize: list, autograde: list) -> tuple[list, list]:
+    """nbgrader's Autograde preprocessor lists with the grader's steps in them (``grader/preprocessors.py``):
+    the export cells after the sanitizing steps, the guarded execution in place of ``Execute``, the
+    judges right after it (before ``SaveAutoGrades`` reads the outputs)."""
+    from grader.preprocessors import GuardedExecute, InsertExports, JudgeCells
+
+    sanitize = [p for p in sanitize if p is not InsertExports] + [InsertExports]
+    steps = []
+    for p in autograde:
+        if p is JudgeCells:
+            continue
+        if p.__name__ in ("Execute", "GuardedExecute"):
+            steps += [GuardedExecute, JudgeCells]
+        else:
+            steps.append(p)
+    return sanitize, steps
+
+
 def autograde(root: Path, assignment: str, student: str, timeout_s: int, iopub_s: int | None = None,
-              startup_s: int | None = None) -> str:
-    """nbgrader autograde of one submission in the course copy ``root``; returns the log."""
+              startup_s: int | None = None, *, verdicts: Path | None = None, count_provisional: bool = False,
+              seed: int | None = None) -> str:
+    """nbgrader autograde of one submission in the course copy ``root``; returns the log. ``verdicts``:
+    where :class:`grader.preprocessors.JudgeCells` writes each cell's verdict."""
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
 
     cfg = load_config(root, timeout_s, iopub_s, startup_s)
+    extra = Config()
+    extra.JudgeCells.count_provisional = bool(count_provisional)
+    extra.JudgeCells.verdicts_path = str(verdicts or "")
+    extra.JudgeCells.seed = -1 if seed is None else int(seed)
+    cfg.merge(extra)
     coursedir = CourseDirectory(config=cfg)
     coursedir.assignment_id = assignment
     coursedir.student_id = student
     app = Autograde(coursedir=coursedir, config=cfg)
-    app.autograde_preprocessors = [guarded_execute() if p.__name__ == "Execute" else p for p in app.autograde_preprocessors]
+    app.sanitize_preprocessors, app.autograde_preprocessors = pipeline(app.sanitize_preprocessors,
+                                                                       app.autograde_preprocessors)
     app.force = True
     app.create_student = True
     return _run(app)

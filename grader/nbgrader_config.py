@@ -22,9 +22,11 @@ c.Execute.timeout = 60
 c.Execute.interrupt_on_timeout = True
 c.Execute.raise_on_iopub_timeout = True
 
-# Autograde as nbgrader does it, plus one step after SaveAutoGrades: each written answer (a
-# manually graded markdown cell) gets an automatic comment saying whether the numbers it quotes
-# are ones this run printed (grader/writeups.py); the formgrader shows it to the reviewer.
+# Autograde as nbgrader does it, with the grader's steps (grader/preprocessors.py): after sanitizing,
+# an export cell before each graded cell; the notebook run under guards; then every graded cell judged
+# outside the kernel, in this process, before SaveAutoGrades reads the verdicts from the outputs. After
+# SaveAutoGrades, each written answer (a manually graded markdown cell) gets an automatic comment saying
+# whether the numbers it quotes are ones this run printed (grader/writeups.py).
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -33,13 +35,19 @@ from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (  # noqa: E402
     AssignLatePenalties,
     CheckCellMetadata,
-    Execute,
+    ClearOutput,
+    DeduplicateIds,
     IgnorePattern,
     LimitOutput,
+    OverwriteCells,
+    OverwriteKernelspec,
     SaveAutoGrades,
 )
 
+from grader.preprocessors import GuardedExecute, InsertExports, JudgeCells  # noqa: E402
 from grader.writeups import QuotedNumbers  # noqa: E402
 
-c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
-                                       QuotedNumbers, AssignLatePenalties, CheckCellMetadata]
+c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata,
+                                      InsertExports]
+c.Autograde.autograde_preprocessors = [GuardedExecute, JudgeCells, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                       SaveAutoGrades, QuotedNumbers, AssignLatePenalties, CheckCellMetadata]

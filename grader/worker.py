@@ -67,26 +67,134 @@ def cell_reports(nb_path: Path, timeout_why: str = "") -> dict[str, dict]:
     return out
 
 
-def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback: bool, iopub_s: int | None = None,
-          startup_s: int | None = None, timeout_why: str = "") -> dict:
+def _snapshot(course: Path, assignment: str, student: str) -> dict[Path, bytes]:
+    """The bytes every attempt grades: the prepared submission (screened by the batch) and the course
+    copy's gradebook, read once before any kernel runs (``_restore`` writes them back before each attempt)."""
     from grader import course as C
 
+    keep = {p: p.read_bytes() for p in C.submitted_dir(course, assignment, student).rglob("*") if p.is_file()}
+    db = course / "gradebook.db"
+    if db.is_file():
+        keep[db] = db.read_bytes()
+    return keep
+
+
+def _restore(keep: dict[Path, bytes], course: Path, assignment: str, student: str) -> None:
+    from grader import course as C
+
+    folder = C.submitted_dir(course, assignment, student)
+    for p in list(folder.rglob("*")):
+        if p.is_file() and p not in keep:
+            p.unlink()
+    for p, data in keep.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+WATCHED = ("source", "release", "submitted", "jupyter/kernels", "nbgrader_config.py")  # what no notebook may change
+
+
+def course_changes(course: Path, before: dict | None = None) -> dict | list[str]:
+    """File states of the watched parts of a course copy (with ``before``: the paths that changed since)."""
+    from grader.batch import _file_states, changed_files
+
+    now = {}
+    for part in WATCHED:
+        p = course / part
+        if p.is_dir():
+            now.update({f"{part}/{k}": v for k, v in _file_states(p).items()})
+        elif p.is_file():
+            st = p.stat()
+            now[part] = (False, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return now if before is None else changed_files(before, now)
+
+
+def _judged_cells(grades: dict, verdicts_file: Path, result: dict) -> None:
+    """Per-cell mode, message and notes from the judges' verdicts; the verified and provisional points."""
+    try:
+        found = json.loads(verdicts_file.read_text())
+    except (OSError, ValueError):
+        found = {}
+    verdicts = found.get("verdicts", {})
+    result["seed"] = found.get("seed")
+    if found.get("record_problem"):
+        result["notes"].append(found["record_problem"])
+    verified = provisional = 0.0
+    for cell in grades["cells"]:
+        if cell.get("mode") == "manual":
+            cell["passed"] = False
+            continue
+        v = verdicts.get(cell["cell"])
+        if v is None:
+            cell.update(mode="-", message="not graded" if result["status"] != "ok" else "no verdict", provisional=False)
+            cell["passed"] = False
+            continue
+        cell.update(mode=v["mode"], message=v["message"], notes=v["notes"], provisional=v["provisional"])
+        cell["passed"] = bool(v["passed"])
+        if v["provisional"]:
+            provisional += float(v["points"])
+        else:
+            verified += float(v["points"])
+    result["verified_score"], result["provisional_score"] = verified, provisional
+
+
+def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback: bool, iopub_s: int | None = None,
+          startup_s: int | None = None, timeout_why: str = "", count_provisional: bool = False,
+          seed: int | None = None) -> dict:
+    from grader import course as C
+    from grader.preprocessors import judged
+
     result = {"student_id": student, "assignment": assignment, "status": "ok", "notes": [],
-              "timeout_s": timeout_s, "timeout_why": timeout_why}
+              "timeout_s": timeout_s, "timeout_why": timeout_why, "count_provisional": count_provisional}
+    keep = _snapshot(course, assignment, student)
+    verdicts, changed = course / "verdicts.json", []
     for attempt in range(1 + KERNEL_DEATH_RETRIES):
         result["status"] = "ok"
+        _restore(keep, course, assignment, student)  # a retry grades the screened bytes, whatever the kernel wrote
+        verdicts.unlink(missing_ok=True)
+        watched = course_changes(course)
         try:
-            C.autograde(course, assignment, student, timeout_s, iopub_s, startup_s)
+            C.autograde(course, assignment, student, timeout_s, iopub_s, startup_s, verdicts=verdicts,
+                        count_provisional=count_provisional, seed=seed)
         except C.CourseError as exc:
             result["status"] = str(exc) + (f" (per-cell limit {timeout_why})" if "timeout" in str(exc) and timeout_why else "")
         finally:
             C.kill_descendants()  # nothing the notebook started may outlive its grading
+            changed += [p for p in course_changes(course, watched) if p not in changed]
         if result["status"] != C.KERNEL_DIED:
             break
         if attempt < KERNEL_DEATH_RETRIES:
             result["notes"].append("the kernel died during grading (on a shared machine the OOM killer or "
                                    "another job can do that); the notebook was graded again from the start")
     grades = C.read_grades(course, assignment, student)
+    if judged(assignment):
+        _judged_cells(grades, verdicts, result)
+    else:
+        _kernel_cells(grades, result, course, assignment, student, timeout_s, timeout_why)
+    if changed:
+        result["needs_review"] = True
+        result["notes"].append("the notebook changed files of its course copy while it was graded ("
+                               + ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
+                               + "); every attempt graded the submitted bytes; held for review")
+    if result["status"] != "ok":
+        grades["score"] = 0.0
+        result["verified_score"] = result["provisional_score"] = 0.0
+        for cell in grades["cells"]:
+            cell["score"], cell["passed"] = 0.0, False
+    result.update(grades)
+    if feedback and C.autograded_path(course, assignment, student).is_file():
+        try:
+            C.generate_feedback(course, assignment, student)
+        except C.CourseError as exc:
+            result["notes"].append(f"no feedback HTML: {exc}")
+    return result
+
+
+def _kernel_cells(grades: dict, result: dict, course: Path, assignment: str, student: str, timeout_s: int,
+                  timeout_why: str) -> None:
+    """A lab not yet judged outside the kernel: its test cells' outputs, checked again in a clean process."""
+    from grader import course as C
+
     reports = cell_reports(C.autograded_path(course, assignment, student), timeout_why)
     for cell in grades["cells"]:
         if cell.get("mode") == "manual":  # a written answer: the instructor's, with the quoted-number note
@@ -98,8 +206,6 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
     if result["status"] == "ok" and C.autograded_path(course, assignment, student).is_file():
         from grader import clean_room, clean_values
 
-        # every cell that scored in the kernel, measured ones included: the clean process measures
-        # again with the grader's timer, and gives no verdict where that missed on a loaded machine
         passed = {c["cell"] for c in grades["cells"] if c.get("mode") != "manual" and c.get("score", 0) > 0}
         values = os.environ.get(clean_values.VALUES_ENV)
         found = clean_room.verdicts(C.autograded_path(course, assignment, student), cwd=C.REPO_ROOT, only=passed,
@@ -111,20 +217,7 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
                                                               if "kernel_score" in c))
             clean_room.hold_in_gradebook(course, assignment, student, grades["cells"])
             result["notes"] += notes
-        result["clean_room"] = {"checked": sorted(k for k, v in found.items() if v[0] is not None),
-                                "unchecked": {k: v[1] for k, v in sorted(found.items()) if v[0] is None and k in passed},
-                                "disagreed": sorted(c["cell"] for c in grades["cells"] if "kernel_score" in c)}
-    if result["status"] != "ok":
-        grades["score"] = 0.0
-        for cell in grades["cells"]:
-            cell["score"], cell["passed"] = 0.0, False
-    result.update(grades)
-    if feedback and C.autograded_path(course, assignment, student).is_file():
-        try:
-            C.generate_feedback(course, assignment, student)
-        except C.CourseError as exc:
-            result["notes"].append(f"no feedback HTML: {exc}")
-    return result
+    result["verified_score"], result["provisional_score"] = grades["score"], 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,14 +231,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-why", default="", help="how the per-cell limit was chosen, for the result")
     p.add_argument("--result", type=Path, required=True)
     p.add_argument("--no-feedback", action="store_true")
+    p.add_argument("--count-provisional", action="store_true", help="count points judged from a learner's record")
+    p.add_argument("--seed", type=int, help="the hidden cases' seed (default: drawn afresh)")
     a = p.parse_args(argv)
     from grader import course as C
 
     C.prepare_process_env(a.course / "jupyter")
     C.become_subreaper()
+    from grader.preprocessors import preload
+
+    preload(a.assignment)  # the judges' code, imported before any notebook runs
     try:
         result = grade(a.course, a.assignment, a.student, a.timeout, not a.no_feedback, a.iopub_timeout,
-                       a.startup_timeout, a.timeout_why)
+                       a.startup_timeout, a.timeout_why, a.count_provisional, a.seed)
     except Exception as exc:  # the batch must go on: report, do not crash
         traceback.print_exc()
         result = {"student_id": a.student, "assignment": a.assignment, "score": 0.0, "cells": [],

@@ -1,0 +1,95 @@
+"""The labs, registered once: assignment id -> the folder that holds everything of that lab.
+
+A lab's folder (``grader/labs/<name>/``) holds its sizes per tier, its plan and memory model, what
+its setup installs, its answers schema, its judges, the grader's reference measurements and its
+portfolio section. Adding a seventh lab is one folder and one line in :data:`REGISTRY`.
+
+The folder's public modules (``sizes``, ``answers``, ``plan``, ``setup``, ``portfolio``) ship in the
+student edition; the grading ones (``judges``, ``reference``, ``harness``) do not, and are
+imported only when a lab is graded (:attr:`Lab.judges`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from types import ModuleType
+from typing import Any
+
+from grader.schema import Spec
+
+REGISTRY = {
+    "00_foundations": "foundations",
+}
+PRIVATE = ("judges", "reference", "harness")  # modules of a lab folder the student edition leaves out
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One answer a graded cell hands to the grader: its spec and the expression the notebook's
+    kernel evaluates for it (its name, or a projection such as ``monitor.summary()``)."""
+
+    spec: Spec
+    expr: str = ""
+
+
+def answers(**specs: Spec | Answer) -> dict[str, Answer]:
+    """A graded cell's answers, by name: ``answers(matmul_tflops=Number("TFLOP/s"), ...)``."""
+    out = {}
+    for name, value in specs.items():
+        a = value if isinstance(value, Answer) else Answer(value)
+        out[name] = a if a.expr else dataclasses.replace(a, expr=name)
+    return out
+
+
+class LabError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Lab:
+    """One registered lab: its public modules on attribute access, its grading modules on demand."""
+
+    def __init__(self, assignment: str, package: str):
+        self.assignment, self.package = assignment, package
+        self.module = importlib.import_module(package)
+
+    def part(self, name: str) -> ModuleType | None:
+        """``grader.labs.<lab>.<name>``, or None where it is not shipped (the student edition)."""
+        try:
+            return importlib.import_module(f"{self.package}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{self.package}.{name}":
+                return None
+            raise
+
+    @functools.cached_property
+    def answers(self) -> dict[str, dict[str, Answer]]:
+        return self.part("answers").ANSWERS
+
+    @property
+    def judges(self) -> ModuleType:
+        mod = self.part("judges")
+        if mod is None:
+            raise LabError(f"{self.assignment}'s judges are not in this copy of the course (the student edition "
+                           "has the visible tests only)")
+        return mod
+
+    def sizes(self, tier: str | None = None) -> Any:
+        """This lab's sizes for ``tier`` (default: this device's, ``utils.env.device_tier``)."""
+        return self.part("sizes").sizes(tier)
+
+    def __repr__(self) -> str:
+        return f"Lab({self.assignment!r})"
+
+
+@functools.cache
+def load(assignment: str) -> Lab:
+    """The lab registered as ``assignment`` (``"00_foundations"``); LabError naming the known ones."""
+    if assignment not in REGISTRY:
+        raise LabError(f"no lab {assignment!r}; the labs are {', '.join(REGISTRY)}")
+    return Lab(assignment, f"{__name__}.{REGISTRY[assignment]}")
+
+
+def assignments() -> tuple[str, ...]:
+    return tuple(REGISTRY)
