@@ -250,7 +250,7 @@ def save_record(assignment: str, ns: dict, path: str | Path | None = None):
     ``globals()``) and writes them beside the notebook (:func:`record_path`)."""
     from grader import answers, labs
 
-    if assignment in labs.REGISTRY:
+    if labs.has(assignment, "answers"):
         return answers.save_record(assignment, ns, path)
     return importlib.import_module(f"grader.phase{int(assignment[:2])}_records").save_record(ns, path)
 

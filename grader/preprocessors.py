@@ -59,8 +59,8 @@ def graded_code(cell) -> bool:
 
 
 def judged(assignment: str) -> bool:
-    """Whether ``assignment`` is judged outside the kernel (a lab registered with judges)."""
-    return assignment in labs.REGISTRY
+    """Whether ``assignment`` is judged outside the kernel (a registered lab whose folder has judges)."""
+    return labs.has(assignment, "judges")
 
 
 def preload(assignment: str) -> None:

@@ -20,6 +20,11 @@ from grader.schema import Spec
 
 REGISTRY = {
     "00_foundations": "foundations",
+    "01_single_gpu": "single_gpu",
+    "02_multi_gpu": "multi_gpu",
+    "03_inference_serving": "inference_serving",
+    "04_benchmarking_production": "benchmarking_production",
+    "05_hardware_and_cost": "hardware_and_cost",
 }
 PRIVATE = ("judges", "reference", "harness")  # modules of a lab folder the student edition leaves out
 
@@ -89,6 +94,11 @@ def load(assignment: str) -> Lab:
     if assignment not in REGISTRY:
         raise LabError(f"no lab {assignment!r}; the labs are {', '.join(REGISTRY)}")
     return Lab(assignment, f"{__name__}.{REGISTRY[assignment]}")
+
+
+def has(assignment: str, part: str) -> bool:
+    """Whether ``assignment`` is a registered lab whose folder holds the module ``part`` here."""
+    return assignment in REGISTRY and load(assignment).part(part) is not None
 
 
 def assignments() -> tuple[str, ...]:

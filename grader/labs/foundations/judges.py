@@ -14,8 +14,16 @@ from grader.expect import Fail, approx, cases, close, equal, label, not_above, p
 from grader.judging import Check
 from grader.labs.foundations.answers import KERNELS, LABELS, ROOFS
 from utils import matmul_sweep
-from utils.flops import batch_scaling, bound, fixed_share, flops_per_token_from_config, ridge_point, step_bound
-from utils.flops import attainable_tflops, non_embedding_params_from_config
+from utils.flops import (
+    attainable_tflops,
+    batch_scaling,
+    bound,
+    fixed_share,
+    flops_per_token_from_config,
+    non_embedding_params_from_config,
+    ridge_point,
+    step_bound,
+)
 from utils.memory import bytes_per_dtype
 from utils.models import preset_config
 from utils.units import gb_per_s, tflop_per_s

@@ -3,39 +3,26 @@
 :func:`measure` (live) times, in the grader's process after the notebook's kernel has gone, the same
 work the notebook's locked cells set up: the big matmul, the copy and ``x + 1``, the thin matmul,
 the tiny-op loop, the training step of the lab's model at the full and the small batch, every shape
-of the sweep, and counts the bytes one training step moves. Each is timed :data:`REPEATS` times; the
-band a learner's number must fall in comes from the spread of those runs alone
-(:func:`grader.expect.band`). :func:`from_record` (provisional) has no measurement of its own: its
+of the sweep, and counts the bytes one training step moves. Each is timed several times
+(:func:`grader.measuring.timed`); the band a learner's number must fall in comes from the spread of
+those runs alone. :func:`from_record` (provisional) has no measurement of its own: its
 comparisons say so, and only the datasheet and the record's own consistency are checked.
 """
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from typing import Any
 
 import torch
 
-from grader import expect
+from grader.measuring import Measured, timed
 from utils import matmul_sweep
 from utils.models import build_model, get_tokenizer, token_batches
 from utils.step_traffic import count_bytes
-from utils.timing import benchmark
 from utils.units import gb_per_s, tflop_per_s
 
-REPEATS = 3  # the grader times each reference this many times: the band is 3x their spread
-BUDGET_S = 1.0  # utils.timing.benchmark's time budget per repeat
 CPU_TFLOPS_CAP = 50.0  # estimate: no CPU socket comes near 50 fp32 TFLOP/s, so a CPU figure above it is invented
 _DETERMINISTIC: dict = {}  # counts that do not change between measurements (the step's bytes), per setting
-
-
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    """One reference quantity: the grader's median over its runs, and the band from their spread."""
-
-    value: float
-    rel: float
-    why: str = ""
 
 
 @dataclasses.dataclass
@@ -53,8 +40,7 @@ class Reference:
         """The learner's ``value`` against the grader's measurement ``key``; from a record, a note."""
         if not self.live:
             return f"{name}: {value:.4g} {unit} as recorded (not re-measured)"
-        m = self.measured[key]
-        return expect.in_band(value, m.value, m.rel, name, unit, m.why)
+        return self.measured[key].against(value, name, unit)
 
     def peak_tflops(self, dtype: str) -> tuple[float | None, str]:
         """The ceiling no matmul rate may pass: the card's datasheet peak, or an estimate on a CPU."""
@@ -62,19 +48,6 @@ class Reference:
         if self.ctx.device == "cuda":
             return (spec.peak_tflops(dtype) if spec else None), f"the {spec.name if spec else 'GPU'} datasheet peak"
         return CPU_TFLOPS_CAP, "what any CPU can do (an estimate)"
-
-
-def _timed(fn, *args, slowdown: float, smoke: bool, floor: float | None = None, warmup: int = 3,
-           max_runs: int = 30, budget_s: float = BUDGET_S) -> tuple[float, float, str]:
-    """``(median ms, band, why)`` of ``fn(*args)`` over :data:`REPEATS` runs of ``utils.timing.benchmark``."""
-    runs = [benchmark(fn, *args, warmup=warmup, max_runs=max_runs, budget_s=budget_s) for _ in range(REPEATS)]
-    medians = [r.median_ms for r in runs]
-    within = [(r.p80_ms - r.p20_ms) / r.median_ms for r in runs if r.median_ms > 0]
-    across = expect.spread(medians)
-    rel = expect.band([across, *within], smoke, slowdown, floor)
-    why = f"the grader's {REPEATS} runs spread {100 * across:.1f}%" + (f", widened x{slowdown:.2g} for load"
-                                                                        if slowdown > 1 else "")
-    return statistics.median(medians), rel, why
 
 
 def _model_step(sizes, device: str):
@@ -105,20 +78,20 @@ def measure(ctx, needs: frozenset, slowdown: float, cache: dict) -> Reference:
     n = s.matmul_n
     if "matmul" in needs and "matmul" not in out:
         a, b = torch.randn(n, n, device=dev, dtype=dtype), torch.randn(n, n, device=dev, dtype=dtype)
-        med, rel, why = _timed(lambda: a @ b, slowdown=slowdown, smoke=smoke)
+        med, rel, why = timed(lambda: a @ b, slowdown=slowdown, smoke=smoke)
         out["matmul"] = Measured(tflop_per_s(2 * n**3, med), rel, why)
     if "memory" in needs and "copy" not in out:
         x = torch.randn(s.elementwise_numel, device=dev)
         o = torch.empty_like(x)
-        med, rel, why = _timed(lambda: o.copy_(x), slowdown=slowdown, smoke=smoke)
+        med, rel, why = timed(lambda: o.copy_(x), slowdown=slowdown, smoke=smoke)
         out["copy"] = Measured(gb_per_s(8 * s.elementwise_numel, med), rel, why)
-        med, rel, why = _timed(lambda: torch.add(x, 1.0, out=o), slowdown=slowdown, smoke=smoke)
+        med, rel, why = timed(lambda: torch.add(x, 1.0, out=o), slowdown=slowdown, smoke=smoke)
         out["ew_gbs"] = Measured(gb_per_s(8 * s.elementwise_numel, med), rel, why)
         out["ew_tflops"] = Measured(tflop_per_s(s.elementwise_numel, med), rel, why)
     if "thin" in needs and "thin" not in out:
         k = max(1, n // 32)
         a, b = torch.randn(n, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype)
-        med, rel, why = _timed(lambda: a @ b, slowdown=slowdown, smoke=smoke)
+        med, rel, why = timed(lambda: a @ b, slowdown=slowdown, smoke=smoke)
         out["thin"] = Measured(tflop_per_s(2 * n * k * n, med), rel, why)
     if "tiny" in needs and "tiny" not in out:
         def loop(t, k=s.tiny_ops):
@@ -128,13 +101,13 @@ def measure(ctx, needs: frozenset, slowdown: float, cache: dict) -> Reference:
 
         t1 = torch.zeros(1, device=dev)
         # launch costs vary with the host: on a GPU at least +-100%
-        med, rel, why = _timed(loop, t1, slowdown=slowdown, smoke=smoke, floor=None if smoke else 1.0)
+        med, rel, why = timed(loop, t1, slowdown=slowdown, smoke=smoke, floor=None if smoke else 1.0)
         out["tiny"] = Measured(tflop_per_s(s.tiny_ops, med), rel, why)
     if "train" in needs and "tokens_per_s" not in out:
         step, x, y = _model_step(s, dev)
         small = max(1, s.batch_size // 4)
-        full_ms, rel_f, why = _timed(step, x, y, slowdown=slowdown, smoke=smoke, warmup=1, max_runs=10, budget_s=3.0)
-        small_ms, rel_s, _ = _timed(step, x[:small], y[:small], slowdown=slowdown, smoke=smoke, warmup=1, max_runs=10,
+        full_ms, rel_f, why = timed(step, x, y, slowdown=slowdown, smoke=smoke, warmup=1, max_runs=10, budget_s=3.0)
+        small_ms, rel_s, _ = timed(step, x[:small], y[:small], slowdown=slowdown, smoke=smoke, warmup=1, max_runs=10,
                                     budget_s=3.0)
         out["tokens_per_s"] = Measured(s.batch_size * s.seq_len / full_ms * 1e3, rel_f, why)
         out["batch_scaling"] = Measured((s.batch_size / full_ms) / (small / small_ms), max(rel_f, rel_s), why)
@@ -143,7 +116,7 @@ def measure(ctx, needs: frozenset, slowdown: float, cache: dict) -> Reference:
         rows = {}
         for label, (m, nn, k) in matmul_sweep.sweep_shapes(sms, ctx.tier).items():
             a, b = torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, nn, device=dev, dtype=dtype)
-            med, rel, why = _timed(lambda a=a, b=b: a @ b, slowdown=slowdown, smoke=smoke)
+            med, rel, why = timed(lambda a=a, b=b: a @ b, slowdown=slowdown, smoke=smoke)
             rows[label] = Measured(tflop_per_s(2 * m * nn * k, med), rel, why)
             del a, b
         out["sweep"] = rows
