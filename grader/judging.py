@@ -60,6 +60,13 @@ class Check:
     setup: str = ""
     imports: tuple[str, ...] = ()
     timeout_s: float = 300.0
+    strict: bool | None = None  # the sandbox refuses processes, ctypes, gc walks, off-machine connections;
+    # default: strict where ``forbid`` names a ground truth (a check whose answers need a compiler, Triton on
+    # a GPU say, sets False: its ground truth is still a tripwire, its source unreadable)
+
+    @property
+    def strict_sandbox(self) -> bool:
+        return bool(self.forbid) if self.strict is None else self.strict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,14 +213,19 @@ def _new_sandbox(run: Run, checks: list[Check], strict: bool, tag: str):
 
 
 def _calls(run: Run, checks: list[Check], answers: dict, problems: dict) -> None:
-    """Every check's hidden cases, in one sandbox that forbids every check's ground truth."""
+    """Every check's hidden cases: one sandbox for the strict checks (it forbids every strict check's
+    ground truth at once), one for the others."""
+    for strict in (True, False):
+        group = [c for c in checks if c.calls and c.cell in answers and c.strict_sandbox == strict]
+        if group:
+            _call_group(run, group, answers, problems, strict)
+
+
+def _call_group(run: Run, todo: list[Check], answers: dict, problems: dict, strict: bool) -> None:
     from grader.sandbox import SandboxError
 
-    todo = [c for c in checks if c.calls and c.cell in answers]
-    if not todo:
-        return
     try:
-        box = _new_sandbox(run, todo, strict=True, tag="calls")
+        box = _new_sandbox(run, todo, strict=strict, tag="calls-strict" if strict else "calls")
     except SandboxError as exc:
         for c in todo:
             problems[c.cell] = f"your definitions could not be loaded on their own: {exc}"
@@ -242,7 +254,7 @@ def _harness(run: Run, check: Check, a: Answers, ctx: Context) -> None:
     from grader.sandbox import SandboxError
 
     params = check.harness_params(ctx, a) if check.harness_params else {}
-    with _new_sandbox(run, [check], strict=bool(check.forbid), tag=check.cell) as box:
+    with _new_sandbox(run, [check], strict=check.strict_sandbox, tag=check.cell) as box:
         try:
             result, sections = box.harness(check.harness, params, timeout_s=check.timeout_s)
         except SandboxError as exc:
