@@ -40,10 +40,13 @@ def _cmd_release(a) -> int:
 
 
 def _cmd_check(a) -> int:
+    from grader.submissions import read_notebook
+
+    read_notebook(a.notebook)  # a file that is no notebook: one line now, before anything heavy loads
     from grader.selfcheck import check_notebook, format_table
 
     res = check_notebook(a.notebook, assignment=a.assignment, record=a.record, timeout_s=a.timeout, out_dir=a.out,
-                         screen=not a.no_screen)
+                         screen=not a.no_screen, count_provisional=a.count_provisional)
     print(format_table(res))
     if a.json_out:
         a.json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +76,8 @@ def _cmd_autograde(a) -> int:
         subs = [s for _, s in picked]
     plan = gpus.plan(a.jobs, share=a.share_gpus)
     results = grade_batch(a.assignment, subs, a.out, jobs=plan.jobs, timeout_s=a.timeout, progress=not a.quiet,
-                          screen=not a.no_screen, gpu_plan=plan) if subs else []
+                          screen=not a.no_screen, gpu_plan=plan, count_provisional=a.count_provisional,
+                          seed=a.seed) if subs else []
     if positions is not None:
         if not subs:
             grade_batch_outputs_empty(a.out)
@@ -148,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", type=Path, help="keep the graded notebook, its record and feedback HTML here")
     c.add_argument("--no-screen", action="store_true",
                    help="run a notebook even when its code reaches into the kernel or the grader (after review)")
+    c.add_argument("--count-provisional", action="store_true",
+                   help="count the points judged from your measurement record (this machine has no GPU)")
     c.set_defaults(fn=_cmd_check)
 
     g = sub.add_parser("autograde", help="grade every submission in a folder (instructors)")
@@ -165,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument("--no-screen", action="store_true",
                    help="grade flagged submissions too (after reviewing their findings in results.json)")
+    g.add_argument("--count-provisional", action="store_true",
+                   help="count points judged from learners' measurement records where this machine has no GPU "
+                        "(a record is checked for consistency, not re-measured: grades.csv lists them apart either way)")
+    g.add_argument("--seed", type=int, help="the seed of the hidden cases (default: a new secret one per submission, "
+                                            "kept in results.json; give it to grade again on the same cases)")
     g.set_defaults(fn=_cmd_autograde)
 
     rp = sub.add_parser("report", add_help=False,
@@ -194,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(a, "timeout", None) is not None and a.timeout <= 0:
         p.error("--timeout must be a positive number of seconds")
     from grader.course import CourseError
+    from grader.errors import Interrupted
     from grader.gpus import GpuPlanError
     from grader.shard import ShardError
     from grader.submissions import SubmissionError
@@ -204,9 +216,19 @@ def main(argv: list[str] | None = None) -> int:
         a.course = COURSE_ROOT
     try:
         return a.fn(a)
-    except (CourseError, SubmissionError, ShardError, GpuPlanError) as exc:
+    except SubmissionError as exc:
+        path = getattr(a, "notebook", None)
+        print(f"error: {path.name + ' ' if path is not None else ''}{exc}", file=sys.stderr)
+        return 2
+    except (CourseError, ShardError, GpuPlanError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(exc, file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

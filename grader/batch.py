@@ -32,12 +32,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from grader import REPO_ROOT, SOURCE_DIR, clean_room, clean_values, resume
 from grader.preprocessors import judged
 from grader import course as C
+from grader.errors import Interrupted
 from grader.submissions import MAX_FILE_MB, Submission, SubmissionError, file_problem, prepare
 
 CSV_COLUMNS = [  # nbgrader's CsvExportPlugin columns, in its order, then ours
@@ -147,6 +149,18 @@ def changed_files(before: dict[str, tuple], after: dict[str, tuple]) -> list[str
     return files or paths
 
 
+_RUNNING: set = set()  # the worker processes running now: a Ctrl-C kills them (Interrupted)
+_RUNNING_LOCK = threading.Lock()
+
+
+def _kill_running() -> int:
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for p in procs:
+        _kill_tree(p.pid)
+    return len(procs)
+
+
 def _kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process below it. The kernel runs in a session of its own, so
     killing the worker's process group alone would leave it (and whatever it started) running."""
@@ -196,12 +210,17 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTim
         with open(course / "worker.log", "wb") as log:
             proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
+            with _RUNNING_LOCK:
+                _RUNNING.add(proc)
             try:
                 proc.wait(timeout=total_timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_tree(proc.pid)  # the worker, the kernel it started, and anything the notebook started
                 proc.wait()
                 return {"status": f"grading took longer than {total_timeout_s:.0f} s and was stopped"}
+            finally:
+                with _RUNNING_LOCK:
+                    _RUNNING.discard(proc)
         changed = changed_files(before, _file_states(code))
         if changed:
             return {"status": "the notebook changed the course's own files while it was graded "
@@ -311,8 +330,10 @@ def grade_batch(
         for sid, r in results.items():
             if sid not in kept and not r["status"].startswith(("ok", "graded")):
                 failed += 1
-                bar.write(f"{sid}: 0 / {r['max_score']:g}: {r['status'][:300]}")
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                if progress:
+                    bar.write(f"{sid}: 0 / {r['max_score']:g}: {r['status'][:300]}")
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        try:
             worker_args = (("--count-provisional",) if count_provisional else ()) + (
                 ("--seed", str(seed)) if seed is not None else ())
             futures = {pool.submit(_pinned_worker, gpu_plan, work, assignment, sub, timeout, total, feedback, rec,
@@ -336,9 +357,19 @@ def grade_batch(
                             C.autograded_path(work / sid, assignment, sid))
                 if not r["status"].startswith(("ok", "graded")):
                     failed += 1
-                    bar.write(f"{sid}: {r['score']:g} / {r['max_score']:g}: {r['status'][:300]}")
+                    if progress:
+                        bar.write(f"{sid}: {r['score']:g} / {r['max_score']:g}: {r['status'][:300]}")
                 bar.update(1)
                 bar.set_postfix_str(f"{failed} not graded")
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            _kill_running()  # the workers, their kernels and what the notebooks started; their threads then return
+            bar.close()
+            done = len([r for sid, r in results.items() if sid not in kept]) + len(kept)
+            where = (f"; the {done} graded are kept in {Path(out_dir) / 'partial'}: run the same command again to grade "
+                     f"the other {len(subs) - done}") if out_dir is not None else ""
+            raise Interrupted(f"interrupted: {done} of {len(subs)} submissions graded{where}") from None
+        pool.shutdown(wait=True)
         bar.close()
         if changed := repo_changes(code_files):
             print(f"warning: the course code in {REPO_ROOT} changed while this batch was graded: "
@@ -394,7 +425,8 @@ def _progress(total: int, enabled: bool):
     try:
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc="grading", unit="submission", disable=not enabled, file=sys.stderr)
+        return tqdm(total=total, desc="grading", unit=" submissions", unit_scale=False, disable=not enabled,
+                    file=sys.stderr, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
     except ImportError:  # tqdm is a requirement; stay usable without it
         class _Null:
             def update(self, n): pass

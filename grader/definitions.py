@@ -69,14 +69,18 @@ def literal(node: ast.AST) -> bool:
     return all(isinstance(t, ast.Name) for t in targets) and runs_nothing(node.value)
 
 
-def course_cell(md: dict) -> bool:
-    """A cell the release locks (setup, prose code); every other code cell is the learner's."""
-    return bool(md.get("locked")) and not md.get("solution")
+def course_cell(md: dict, locked: frozenset | None = None) -> bool:
+    """A cell the release locks (setup, prose code); every other code cell is the learner's. ``locked``:
+    the grade ids of the locked cells as the gradebook has them: a cell a learner added and marked
+    locked in its metadata is the learner's all the same."""
+    return (bool(md.get("locked")) and not md.get("solution")
+            and (locked is None or md.get("grade_id") in locked))
 
 
-def job(nb: dict) -> dict:
+def job(nb: dict, locked: frozenset | None = None) -> dict:
     """``{"prelude": [...], "definitions": [...]}``: the course cells' imports and literal constants,
-    and the learner's definitions, one source per cell (see the module docstring)."""
+    and the learner's definitions, one source per cell (see the module docstring). ``locked``: as for
+    :func:`course_cell` (the course's locked cells run before the sandbox's policy is in force)."""
     prelude, definitions = [], []
     for cell in nb.get("cells", []):
         md = cell.get("metadata", {}).get("nbgrader", {})
@@ -85,7 +89,7 @@ def job(nb: dict) -> dict:
         tree = parse(source(cell))
         if tree is None:
             continue
-        if course_cell(md):
+        if course_cell(md, locked):
             kept = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) or literal(n)]
             prelude.extend(ast.unparse(n) for n in kept)
         else:

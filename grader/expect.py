@@ -16,6 +16,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from grader.schema import UNENCODABLE
+
 GPU_FLOOR = 0.15  # +-15% at least on a GPU: the grader's own runs seconds apart (docs/graded-cells.md, repeatability)
 SMOKE_FLOOR = 1.5  # x2.5 either way on a CPU: the learner's run and the grader's share cores with other work
 SPREAD_FACTOR = 3.0  # band = 3 x the grader's own relative spread, when wider than the floor
@@ -114,6 +116,14 @@ def label(value: Any, choices: tuple[str, ...], name: str) -> str:
     return value
 
 
+def shown(value: Any) -> str:
+    """A value for a message: an object that could not cross as data by its type, else a short repr."""
+    if isinstance(value, dict) and UNENCODABLE in value:
+        return f"a {value[UNENCODABLE]} object (answers must be plain numbers, strings, lists and dicts)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def cases(results: list, expected: list, name: str, rule: str,
           same: Callable[[Any, Any], bool] | None = None) -> str:
     """The learner's function on hidden cases (``results``: sandbox ``Case`` objects, in order) against
@@ -127,7 +137,7 @@ def cases(results: list, expected: list, name: str, rule: str,
             first = first or f"it raised {r.error}"
         elif not same(r.value, want):
             wrong += 1
-            first = first or f"expected {want!r:.60}, got {r.value!r:.60}"
+            first = first or f"expected {shown(want)}, got {shown(r.value)}"
     if wrong:
         raise Fail(f"{name} disagreed with the rule on {wrong} of {len(results)} hidden cases (first: {first}). "
                    f"The rule: {rule}")

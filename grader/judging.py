@@ -208,8 +208,10 @@ def _new_sandbox(run: Run, checks: list[Check], strict: bool, tag: str):
     from grader.definitions import write_code
     from grader.sandbox import Sandbox
 
-    code_dir = write_code(run.code, run.work / f"sandbox-{tag}")
-    return Sandbox(_sandbox_job(run, checks, strict), code_dir, run.work / f"sandbox-{tag}.log", cwd=run.work)
+    code_dir = write_code(run.code, run.work / f"sandbox-{tag}" / "code")
+    cwd = run.work / f"sandbox-{tag}" / "cwd"  # its own empty folder: nothing another sandbox wrote is beside it
+    cwd.mkdir(parents=True)
+    return Sandbox(_sandbox_job(run, checks, strict), code_dir, run.work / f"sandbox-{tag}" / "log", cwd=cwd)
 
 
 def _calls(run: Run, checks: list[Check], answers: dict, problems: dict) -> None:

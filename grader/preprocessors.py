@@ -186,6 +186,19 @@ def apply(cell, verdict, count_provisional: bool) -> None:
     cell.outputs = outputs
 
 
+def _locked_ids(resources) -> frozenset:
+    """The grade ids of the notebook's locked cells, from the gradebook (the release's, not the submission's)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    ids = resources["nbgrader"]
+    try:
+        with Gradebook(ids["db_url"]) as gb:
+            return frozenset(c.name for c in gb.find_notebook(ids["notebook"], ids["assignment"]).source_cells
+                             if c.locked)
+    except (MissingEntry, KeyError):
+        return frozenset()
+
+
 class JudgeCells(NbGraderPreprocessor):
     """Grade every graded code cell of a judged lab in this process (see the module docstring)."""
 
@@ -221,7 +234,8 @@ class JudgeCells(NbGraderPreprocessor):
             shutil.rmtree(work_rec.parent, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix="gpulab-judge-"))
         try:
-            run = Run(lab, points, exports, live, definitions.job(nb), CODE, work, seed, record, record_ctx, problem)
+            job = definitions.job(nb, _locked_ids(resources))
+            run = Run(lab, points, exports, live, job, CODE, work, seed, record, record_ctx, problem)
             verdicts = judge_all(run)
         finally:
             if os.environ.get(KEEP_DIRS_VAR) != "1":

@@ -305,15 +305,19 @@ class Sandbox:
     course code (``grader.definitions.write_code``); ``log``: where its stdout and stderr go."""
 
     def __init__(self, job: dict, code_dir: Path, log: Path, *, cwd: Path | None = None, env: dict | None = None,
-                 start_timeout_s: float = 120.0):
+                 start_timeout_s: float = 120.0, reap: bool = True):
+        from grader.course import descendants
+
         self.ground_truth: list[str] = []
+        self.reap, self._before = reap, descendants()
         self.log = Path(log)
         read_fd, write_fd = os.pipe()
         base = {k: v for k, v in (env if env is not None else os.environ).items()
                 if not k.startswith(("JPY", "IPY", "JUPYTER", "PYTHON"))}
-        base.update(PYTHONPATH=str(code_dir), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0")
+        # PYTHONSAFEPATH (3.11+): no working directory on sys.path, so no file written beside it is imported
+        base.update(PYTHONPATH=str(code_dir), PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0", PYTHONSAFEPATH="1")
         with open(self.log, "ab") as log_fh:
-            self.proc = subprocess.Popen([sys.executable, "-c", SOURCE], cwd=cwd or code_dir,
+            self.proc = subprocess.Popen([sys.executable, "-c", SOURCE], cwd=cwd or self.log.parent,
                                          env=base, stdin=subprocess.PIPE, stdout=log_fh, stderr=subprocess.STDOUT,
                                          pass_fds=(write_fd,), start_new_session=True)
         os.close(write_fd)
@@ -334,6 +338,10 @@ class Sandbox:
         except OSError:
             pass
         self.proc.wait()
+        if self.reap:
+            from grader.course import kill_descendants
+
+            kill_descendants(spare=self._before)  # what it started in a session of its own, which a subreaper adopts
         try:
             os.close(self.fd)
         except OSError:

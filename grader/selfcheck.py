@@ -21,14 +21,21 @@ from utils.notebook_lab import grade_ids, lab_of
 
 
 def guess_assignment(notebook: Path, source_dir: Path = SOURCE_DIR) -> str:
-    """The assignment whose graded cell ids the notebook shares most; else its file name
-    (:func:`utils.notebook_lab.lab_of`)."""
+    """The lab whose graded cell ids the notebook shares most (:func:`utils.notebook_lab.lab_of`), else the
+    lab its file name starts with. A name that says one lab while the cells are another's is refused:
+    a learner who saved lab 01 as ``00_foundations.ipynb`` learns it, rather than a grade of the wrong lab."""
     names = C.assignments(source_dir)
     try:
         ids = grade_ids(json.loads(notebook.read_text(encoding="utf-8")))
     except (OSError, ValueError):
         ids = set()
-    found = lab_of(ids, {a: source_dir / a / f"{a}.ipynb" for a in names}, notebook.stem)
+    refs = {a: source_dir / a / f"{a}.ipynb" for a in names}
+    by_cells = lab_of(ids, refs, "")
+    by_name = next((a for a in names if notebook.stem.startswith(a)), None)
+    if by_cells and by_name and by_cells != by_name:
+        raise C.CourseError(f"{notebook.name} is named for {by_name}, but its cells are {by_cells}'s: rename the file, "
+                            f"or pass --assignment {by_cells} (or --assignment {by_name}) to say which lab to grade")
+    found = by_cells or by_name
     if found is None:
         raise C.CourseError(f"{notebook.name} matches no assignment in {source_dir} (known: {', '.join(names)}); "
                             "pass --assignment")
@@ -37,7 +44,7 @@ def guess_assignment(notebook: Path, source_dir: Path = SOURCE_DIR) -> str:
 
 def check_notebook(notebook: Path, *, assignment: str | None = None, record: Path | None = None,
                    timeout_s: int | None = None, out_dir: Path | None = None, source_dir: Path = SOURCE_DIR,
-                   screen: bool = True) -> dict:
+                   screen: bool = True, count_provisional: bool = False) -> dict:
     """Grade ``notebook``; returns the result dict that ``--json-out`` writes. With
     ``out_dir``, the graded notebook and the record it wrote are kept there (as ``autograde``
     keeps them, under ``autograded/self/``)."""
@@ -52,12 +59,13 @@ def check_notebook(notebook: Path, *, assignment: str | None = None, record: Pat
                 break
     sub = Submission("self", notebook, record)
     (res,) = grade_batch(assignment, [sub], out_dir, jobs=1, timeout_s=timeout_s, feedback=out_dir is not None,
-                         progress=False, source_dir=source_dir, screen=screen)
+                         progress=False, source_dir=source_dir, screen=screen, count_provisional=count_provisional)
     res["notebook"] = str(notebook)
     res["record"] = str(record) if record else None
     res["passed"] = res["status"] == "ok" or res["status"].startswith("graded;")
     auto_max = res.get("auto_max_score", res["max_score"])  # the written answers are the instructor's
-    res["passed"] = bool(res["passed"] and res["cells"] and res["score"] >= auto_max)
+    earned = res.get("verified_score", res["score"]) + res.get("provisional_score", 0.0)  # self-study: a record's count
+    res["passed"] = bool(res["passed"] and res["cells"] and earned >= auto_max)
     return res
 
 
@@ -73,6 +81,8 @@ def format_table(res: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(f"score {res['score']:g} / {res['max_score']:g}    status: {res['status']}")
+    if res.get("assignment"):
+        lines.append(f"graded as {res['assignment']}" + (f" ({res['notebook']})" if res.get("notebook") else ""))
     if res.get("manual_points"):
         lines.append(f"automatic score {res['score']:g} / {res['auto_max_score']:g}, partial: {res['manual_points']:g} points "
                      "of written answers await a manual grade (the note beside each is the check of the numbers it quotes)")
@@ -82,8 +92,11 @@ def format_table(res: dict) -> str:
         if note.startswith("screen: "):
             lines.append(f"  {note.removeprefix('screen: ')}")
     if res.get("needs_review"):
-        lines.append("Not run: the code above reaches into the kernel or the grader. An instructor reviews it "
-                     "(docs/grading.md, \"What the screen cannot see\"); --no-screen grades it anyway.")
-    if any(c.get("mode") == "graded from record" for c in res["cells"]):
-        lines.append("Measured cells were graded from the measurement record (this machine has no GPU).")
+        lines.append("Flagged for an instructor's review (the lines above say why); the grade was decided by the "
+                     "grader's judges outside your notebook all the same.")
+    if res.get("provisional_score"):
+        counted = "counted" if res.get("count_provisional") else "not counted in the score above"
+        lines.append(f"provisional: {res['provisional_score']:g} points were judged from your measurement record "
+                     f"(this machine has no GPU; a record is checked for consistency, not re-measured), {counted}. "
+                     "Grade on a GPU to have them verified.")
     return "\n".join(lines)

@@ -110,7 +110,6 @@ def find_submissions(folder: Path, assignment: str) -> list[Submission]:
 
 def read_notebook(path: Path):
     """The notebook at ``path`` as nbformat v4, or SubmissionError saying what is wrong."""
-    import nbformat
 
     if why := file_problem(path):
         raise SubmissionError(why)
@@ -125,7 +124,11 @@ def read_notebook(path: Path):
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SubmissionError(f"is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}): re-download it from Jupyter/Colab") from None
+        if Path(path).suffix.lower() in (".py", ".txt", ".md", ".html") or not text.lstrip().startswith("{"):
+            raise SubmissionError(f"is a {Path(path).suffix or 'text'} file, not a Jupyter notebook: give the .ipynb "
+                                  "you worked in (Jupyter or Colab: File > Download > .ipynb)") from None
+        raise SubmissionError(f"is not a whole notebook ({exc.msg}; line {exc.lineno}, column {exc.colno}): the file "
+                              "was cut off or edited by hand; download it again from Jupyter or Colab") from None
     if not isinstance(data, dict) or "nbformat" not in data or not ({"cells", "worksheets"} & set(data)):
         raise SubmissionError("is JSON but not a Jupyter notebook (no 'cells'/'nbformat')")  # v3 keeps cells in worksheets
     if "cells" in data:  # nbformat trusts a v4 notebook's shape; check what it would trip on
@@ -139,6 +142,8 @@ def read_notebook(path: Path):
                 raise SubmissionError(f"is not a valid notebook: cell {i}'s source is not text")
             if not isinstance(cell.get("metadata", {}), dict):
                 raise SubmissionError(f"is not a valid notebook: cell {i}'s metadata is not a JSON object")
+    import nbformat  # after the checks above: a file that is no notebook gets its line without this import's seconds
+
     try:
         nb = nbformat.reads(text, as_version=4, capture_validation_error={})
     except Exception as exc:  # nbformat raises several kinds for a malformed notebook

@@ -11,8 +11,21 @@ import pytest
 import torch
 
 from grader.answers import encode
-from grader.schema import (TIMING, AnswerError, Count, DictOf, Fields, Flag, Label, ListOf, Nullable, Number, Text,
-                           TupleOf, loads)
+from grader.schema import (
+    TIMING,
+    AnswerError,
+    Count,
+    DictOf,
+    Fields,
+    Flag,
+    Label,
+    ListOf,
+    Nullable,
+    Number,
+    Text,
+    TupleOf,
+    loads,
+)
 
 
 class Liar(float):
