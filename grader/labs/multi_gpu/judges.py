@@ -33,6 +33,7 @@ import math
 import random
 import secrets
 import statistics
+import tempfile
 from typing import Any
 
 import torch
@@ -176,8 +177,8 @@ def zero(a, ref):
                 raise Fail(f"{call} = {v:.6g} GB ({pred:,.0f} bytes), but rank {rank['rank']} of the grader's {stage} run "
                            f"held {held:,} bytes (weights {rank['weights_bytes']:,}, gradients {rank['grads_bytes']:,}, "
                            f"optimizer state {rank['optimizer_bytes']:,}); its shards allow {tol:,.0f} bytes either way")
-        said.append(f"{stage}: predicted {pred:,.0f}, held {', '.join(f'{r_['total_bytes']:,}' for r_ in res['stages'][stage])}"
-                    f" (+-{tol:,.0f})")
+        held_all = ", ".join(f"{x['total_bytes']:,}" for x in res["stages"][stage])
+        said.append(f"{stage}: predicted {pred:,.0f}, held {held_all} (+-{tol:,.0f})")
     return [f"the grader's run of a stack the notebook does not show: {n:,} parameters on {world} ranks over "
             f"{res['backend']}, {widths.replace(', ', ' + ')} bytes each", "; ".join(said)]
 
@@ -293,7 +294,7 @@ def _sync_cfg(plan, mode: str, seed: int) -> dict:
 
 
 def sync_check_params(ctx, a) -> dict:
-    cfg = _sync_cfg(launch.plan(), "check", secrets.randbits(30))
+    cfg = _sync_cfg(_plan(), "check", secrets.randbits(30))
     a.inputs["sync"] = cfg
     return cfg
 
@@ -302,7 +303,7 @@ def sync_time_params(ctx, a) -> dict:
     if ctx.fingerprint.get("kind") == "gpu" and ctx.device == "cuda" and not torch.cuda.is_available():
         a.inputs["sync"] = {"skip": "record"}
         return {"skip": "record"}  # judged from a record: the grader has no GPU to time the versions on
-    cfg = _sync_cfg(launch.plan(), "time", secrets.randbits(30))
+    cfg = _sync_cfg(_plan(), "time", secrets.randbits(30))
     a.inputs["sync"] = cfg
     return cfg
 
@@ -384,22 +385,18 @@ def _call_problems(calls: dict, total: int, n_tensors: int, largest: int, cfg: d
     return out
 
 
-def _expected(cfg: dict, device: str = "cpu") -> dict:
-    return reference.sync_expected(cfg, device)
+def _plan():
+    """This machine's plan (``utils.launch.plan``), as the harness ran it."""
+    return launch.plan(tempfile.gettempdir())
 
 
 def grad_sync_check(a, ref):
     cfg = a.inputs["sync"]
-    plan = launch.plan_for(0, True, "cpu") if cfg["backend"] == "gloo" else None
-    plan = plan or launch.plan()
-    _learner_sync_ok(a.SYNC, plan._replace(nproc=cfg["world"]) if plan.backend == cfg["backend"] else plan)
-    expected = _expected(cfg)
+    _learner_sync_ok(a.SYNC, _plan())
+    expected = reference.sync_expected(cfg)
     problems, seen = _grads_problems(a, cfg, expected)
-    shapes = [math.prod(s) for s in (a.harness or {}).get("shapes", [])] if isinstance(a.harness, dict) else []
-    model = reference.harness.build_base(cfg, torch.device("meta")) if not shapes else None
-    sizes = [p.numel() for p in model.parameters()] if model is not None else shapes
-    total, largest = 4 * sum(sizes), 4 * max(sizes)
-    problems += _call_problems(seen["calls"], total, len(sizes), largest, cfg)
+    sizes = expected["numels"]
+    problems += _call_problems(seen["calls"], 4 * sum(sizes), len(sizes), 4 * max(sizes), cfg)
     if problems:
         raise Fail("the grader ran your versions with its own weights and batches: " + "; ".join(problems))
     worst = ", ".join(f"{v} {seen['worst'].get(v, 0):.2g}" for v in ("each", "bucketed", "bucketed_check", "overlapped"))
@@ -413,7 +410,7 @@ def _timing(a, cfg: dict, ctx) -> dict:
     """The grader's timing of each version (median over the timed steps of go-to-done, every rank
     included) and its spread, after checking every timed section's gradients against the grader's."""
     dev = "cuda" if cfg["backend"] == "nccl" and torch.cuda.is_available() else "cpu"
-    expected = _expected(cfg, dev)
+    expected = reference.sync_expected(cfg, dev)
     problems, _ = _grads_problems(a, cfg, expected, " while the grader timed it")
     if problems:
         raise Fail("; ".join(problems))
@@ -904,7 +901,7 @@ def second_fusion_judge(a, ref):
         if case["unfused_copies_input"]:
             raise Fail("second_unfused returns one of its inputs unchanged: a fusion computes something")
         _launcher_case(case["fused"], "second_fused", "SECOND_KERNEL", what)
-        want = torch.tensor(case["unfused"], dtype=getattr(torch, dtype))
+        want = torch.tensor(case["unfused"], dtype=getattr(torch, case["unfused_dtype"]))
         _compare(case["fused"]["values"], want, f"second_fused on {what} (against your second_unfused)")
     moved = r.get("bytes")
     if not isinstance(moved, dict) or not all(type(moved.get(k)) in (int, float) for k in ("unfused", "fused")):

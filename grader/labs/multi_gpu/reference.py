@@ -123,6 +123,7 @@ class Reference:
 
 
 def _plan_of(ctx) -> Any:
+    """This machine's plan (``utils.launch.plan``: smoke mode, its GPUs, its tier); each launch gets a folder of its own."""
     return launch.plan(tempfile.gettempdir())
 
 
@@ -216,7 +217,8 @@ def sync_expected(cfg: dict, device: str = "cpu") -> dict:
                     p.grad = t / cfg["world"]
             mean.append(harness.checksums(model, weights))
             local.append(per_rank)
-        return {"local": local, "mean": mean, "params": [n for n, _ in named]}
+        return {"local": local, "mean": mean, "params": [n for n, _ in named],
+                "numels": [math.prod(shape) for _, shape in named]}
     finally:
         torch.set_num_threads(threads)
 

@@ -149,7 +149,7 @@ def test_decode_from_a_gpu_record(sol):
     assert "as recorded (not re-measured)" in notes[-1]
     impossible = C.decode_values(ctx, {"eager": 50.0, "static_compiled": 15.0, "fast": 2.0}, copy_gbs=250.0)
     fails(judges.decode, *decode_case(sol, ctx, impossible, ref=C.reference(ctx, live=False)),
-          "above the Tesla T4 datasheet bandwidth")
+          "above the T4 datasheet bandwidth")
     slow = C.decode_values(ctx, {"eager": 50.0, "static_compiled": 40.0, "fast": 30.0}, copy_gbs=250.0)
     fails(judges.decode, *decode_case(sol, ctx, slow, ref=C.reference(ctx, live=False)), "below the 2.0x")
 
@@ -227,11 +227,13 @@ def test_quantization_on_a_gpu_and_from_its_record():
     assert "as recorded" in judges.quantization(C.answers("test_quantization", ok), quant_ref(ctx, ok, live=False))[0]
     for edit, match in ((lambda v: v["memory_saving"].update(int8=2.0), r"memory_saving\['int8'\]"),
                         (lambda v: v["perplexity_change"].update(nf4=0.0), r"perplexity_change\['nf4'\]"),
-                        (lambda v: v["memory_saving"].pop("nf4"), "one entry per quantized mode"),
-                        (lambda v: v["quant"]["modes"]["fp16"].update(weight_bytes=wb // 2), "parameters take")):
+                        (lambda v: v["memory_saving"].pop("nf4"), "one entry per quantized mode")):
         v = C.quant_values(ctx, {"fp16": wb, "int8": int(wb / 1.79), "nf4": int(wb / 2.89)})
         edit(v)
         fails(judges.quantization, C.answers("test_quantization", v), quant_ref(ctx, v, live=False), match)
+    half_size = C.quant_values(ctx, {"fp16": wb // 2, "int8": int(wb / 2 / 1.79), "nf4": int(wb / 2 / 2.89)})
+    fails(judges.quantization, C.answers("test_quantization", half_size), quant_ref(ctx, half_size, live=False),
+          "parameters take")
     weak = C.quant_values(ctx, {"fp16": wb, "int8": int(wb / 1.79), "nf4": int(wb / 1.5)})
     fails(judges.quantization, C.answers("test_quantization", weak), quant_ref(ctx, weak, live=False), "below the 2.5x")
 
@@ -294,7 +296,7 @@ class CountsWrong(_Base):  # num_free counts what was ever there
 
 
 @pytest.mark.parametrize("alloc, match", [
-    (SameBlock, "different int blocks"), (NoneWhenEmpty, "must raise"), (ForgetsFreed, r"num_free\(\) must be"),
+    (SameBlock, "different int blocks"), (NoneWhenEmpty, "must raise"), (ForgetsFreed, r"allocate\(\) after free\(\) of 2 blocks raised MemoryError"),
     (CountsWrong, r"num_free\(\) = \d+, expected|must raise|num_free\(\) must be"),
 ])
 def test_wrong_allocators_fail(sol, alloc, match):
@@ -350,7 +352,7 @@ def scheduler(*, reserve=False, leak=False, owed=True, static=False, skip=False,
 
 @pytest.mark.parametrize("mistake, match", [
     ({"reserve": True}, r"holds \d+ blocks; after this step it caches"),
-    ({"leak": True}, "finished holding blocks"),
+    ({"leak": True}, "finished holding blocks|does not finish"),
     ({"free_late": True}, "finished holding blocks"),
     ({"owed": False}, "leaves too few blocks|you admitted|ran out|MemoryError"),
     ({"static": True}, "you admitted requests"),
