@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Services and engines the tests talk to, beyond pip's requirements: Debian's Prometheus server
 # and promtool (tests/integration/test_deploy.py starts its own server on a loopback port), Slurm
-# and munge (tests/integration/test_slurm.py starts a one-node cluster with .ci/slurm-up.sh), and vLLM's CPU
+# and munge (tests/integration/test_slurm.py starts a one-node cluster with .ci/slurm-up.sh), Chromium and its
+# driver (tests/integration/test_formgrader_browser.py drives nbgrader's formgrader headless), and vLLM's CPU
 # build in its own virtualenv in the user's cache, outside the course tree (utils.engines.engines_home;
 # tests/integration/test_vllm.py and the serving labs start it).
 # hadolint and kubernetes-validate come from requirements-dev.txt. Idempotent: skips what is
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 have() { for b in "$@"; do command -v "$b" >/dev/null 2>&1 || return 1; done; }
-if have prometheus promtool munged slurmctld slurmd sbatch; then
+if have prometheus promtool munged slurmctld slurmd sbatch chromium chromedriver; then
   echo "install-services: $(prometheus --version 2>&1 | head -n1); $(sbatch --version)"
 else
   SUDO=""
@@ -21,7 +22,8 @@ else
   fi
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends prometheus munge slurmctld slurmd slurm-client
+  $SUDO apt-get install -y -q --no-install-recommends prometheus munge slurmctld slurmd slurm-client \
+    chromium chromium-driver
   echo "install-services: $(prometheus --version 2>&1 | head -n1); $(sbatch --version)"
 fi
 

@@ -116,6 +116,7 @@ def _cmd_merge(a) -> int:
 
 
 def _cmd_gradebook(a) -> int:
+    from grader import COURSE_ROOT, REPO_ROOT
     from grader.formgrade import load_class
 
     s = load_class(a.out, a.course)
@@ -123,7 +124,60 @@ def _cmd_gradebook(a) -> int:
           + (f"; skipped {len(s['skipped'])} not graded" if s["skipped"] else ""))
     for sid, why in s["skipped"].items():
         print(f"  {sid}: {why}")
-    print(f"grade the written answers: cd {a.course} && nbgrader formgrader; then nbgrader export")
+    # nbgrader 0.9 has no formgrader command: the formgrader is a Jupyter server extension, served at /formgrader
+    path = "" if Path(a.course).resolve() == COURSE_ROOT.resolve() else f"PYTHONPATH={REPO_ROOT} "
+    print(f"grade the written answers: cd {a.course} && {path}jupyter server (or jupyter lab), then open the address "
+          "it prints with /formgrader in place of /tree or /lab (Manual Grading)")
+    print(f"then: python -m grader feedback {a.out}" + ("" if not path else f" --course {a.course}")
+          + " (feedback HTML and grades.csv with your grades), and python -m grader export "
+          + f"{a.out}" + ("" if not path else f" --course {a.course}") + " --out GRADES.csv "
+          "(--format canvas|moodle --roster ROSTER.csv for a learning-management system)")
+    return 0
+
+
+def _course(a) -> Path:
+    from grader import COURSE_ROOT
+
+    return a.course if a.course is not None else COURSE_ROOT
+
+
+def _cmd_feedback(a) -> int:
+    from grader.formgrade import sync
+
+    s = sync(a.out, _course(a))
+    print(f"{s['assignment']}: feedback and grades.csv brought up to date from {_course(a) / 'gradebook.db'} for "
+          f"{len(s['synced'])} student{'' if len(s['synced']) == 1 else 's'}" + (f"; {len(s['skipped'])} skipped" if s["skipped"] else ""))
+    for sid, why in s["skipped"].items():
+        print(f"  {sid}: {why}")
+    print(f"wrote {a.out / 'grades.csv'} and feedback under {a.out / 'feedback'}")
+    return 0
+
+
+def _cmd_export(a) -> int:
+    from grader.lms import export
+
+    s = export(a.outputs, a.to, fmt=a.format, roster=a.roster, course=_course(a))
+    print(f"wrote {a.to}: {s['format']}, {s['students']} students, {', '.join(s['assignments'])}")
+    if s["identifier"]:
+        col, field = s["identifier"]
+        print(f"in Moodle's CSV import, map from \"{col}\" to \"{field}\", and each assignment column to its grade item")
+    for sid, assignment, why in s["blank"]:
+        print(f"  no grade: {sid} {assignment}: {why}")
+    if s["off_roster"]:
+        print(f"not on the roster, left out: {', '.join(s['off_roster'])}", file=sys.stderr)
+    return 0
+
+
+def _cmd_k8s_manifest(a) -> int:
+    from grader.shard import k8s_manifests
+
+    text = k8s_manifests(shards=a.shards, assignment=a.assignment, image=a.image, storage=a.storage, cpus=a.cpus,
+                         tries=a.tries, wait_h=a.wait_h)
+    if a.to is None:
+        sys.stdout.write(text)
+    else:
+        a.to.write_text(text)
+        print(f"wrote {a.to}: {a.shards} shards of {a.assignment}; kubectl apply -f {a.to}, then deploy/README.md's steps")
     return 0
 
 
@@ -193,6 +247,38 @@ def main(argv: list[str] | None = None) -> int:
     gb.add_argument("out", type=Path, help="the --out folder of autograde or merge")
     gb.add_argument("--course", type=Path, default=None, help="the nbgrader course root (default: this repository's grader/)")
     gb.set_defaults(fn=_cmd_gradebook)
+
+    fb = sub.add_parser("feedback", help="after manual grading: regenerate each student's feedback HTML and grades.csv "
+                                         "from the gradebook (the formgrader's grades included)")
+    fb.add_argument("out", type=Path, help="the --out folder of autograde or merge, loaded with `gradebook`")
+    fb.add_argument("--course", type=Path, default=None, help="the nbgrader course root (default: this repository's grader/)")
+    fb.set_defaults(fn=_cmd_feedback)
+
+    ex = sub.add_parser("export", help="grades of one or more graded classes with each student's status, or a file "
+                                       "Canvas or Moodle imports")
+    ex.add_argument("outputs", type=Path, nargs="+", help="the --out folder of autograde or merge, one per assignment")
+    ex.add_argument("--format", choices=["csv", "canvas", "moodle"], default="csv",
+                    help="csv: one row per student and assignment, with status and why (default); canvas, moodle: their "
+                         "gradebook import files, one row per student, a column per assignment")
+    ex.add_argument("--roster", type=Path, help="CSV with student_id and name, email, sis_id, ... (needed for canvas "
+                                                "and moodle; docs/grading.md)")
+    ex.add_argument("--course", type=Path, default=None,
+                    help="the nbgrader course root whose gradebook holds the manual grades (default: this repository's grader/)")
+    ex.add_argument("--out", dest="to", type=Path, required=True, help="the file to write")
+    ex.set_defaults(fn=_cmd_export)
+
+    km = sub.add_parser("k8s-manifest", help="the Kubernetes manifests for grading a class in N shards "
+                                             "(deploy/README.md)")
+    km.add_argument("--shards", type=int, required=True, help="shards, one pod and one GPU each")
+    km.add_argument("--assignment", required=True)
+    km.add_argument("--image", required=True, help="the grading image (deploy/Dockerfile --target grade) in your registry")
+    km.add_argument("--storage", default="20Gi", help="size of the volume for the class and its results (default 20Gi)")
+    km.add_argument("--cpus", type=int, default=2, help="CPUs each shard requests (default 2, as the Slurm scripts ask)")
+    km.add_argument("--tries", type=int, default=2, help="tries per shard before the merge names it failed (default 2)")
+    km.add_argument("--wait-h", type=float, default=24.0,
+                    help="hours the merge waits for a shard that never reports (default 24)")
+    km.add_argument("--out", dest="to", type=Path, help="write here (default: standard output)")
+    km.set_defaults(fn=_cmd_k8s_manifest)
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["report"]:  # its own parser: argparse's REMAINDER drops a leading --help

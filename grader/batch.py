@@ -458,6 +458,16 @@ def _write_outputs(out: Path, work: Path, assignment: str, results: list[dict]) 
         if fb.is_file():
             (out / "feedback" / sid).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(fb, out / "feedback" / sid / f"{assignment}.html")
+        elif not r["status"].startswith(("ok", "graded")) and not (out / "autograded" / sid / f"{assignment}.ipynb").is_file():
+            # not graded (unreadable, held for review, past its time): a feedback file that says why, in one line
+            import html
+
+            (out / "feedback" / sid).mkdir(parents=True, exist_ok=True)
+            (out / "feedback" / sid / f"{assignment}.html").write_text(
+                f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(assignment)}: "
+                f"{html.escape(sid)}</title></head>\n<body><h1>{html.escape(assignment)}: not graded</h1>\n"
+                f"<p>{html.escape(r['status'])}</p>\n<p>Score: {r['score']:g} / {r['max_score']:g}</p></body></html>\n",
+                encoding="utf-8")
         ag = C.autograded_path(work / sid, assignment, sid)
         if ag.is_file():
             (out / "autograded" / sid).mkdir(parents=True, exist_ok=True)

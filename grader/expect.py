@@ -31,6 +31,11 @@ class Fail(AssertionError):
     """A judge's verdict against the answer: the message is the learner's feedback."""
 
 
+class RuleFail(Fail):
+    """A failure that is the answer's own (a wrong count, an inconsistent rate, a broken rule): measuring
+    again cannot change it, so a measured cell that fails this way is not measured again."""
+
+
 class Unusable(Fail):
     """The grader's own measurement cannot grade anything (zero, negative, not finite)."""
 
@@ -38,7 +43,7 @@ class Unusable(Fail):
 def number(value: Any, name: str) -> float:
     """A decoded answer is already a float; this guards judge arithmetic on optional fields."""
     if type(value) not in (int, float) or not math.isfinite(value):
-        raise Fail(f"{name} must be a finite number, got {value!r:.60}")
+        raise RuleFail(f"{name} must be a finite number, got {value!r:.60}")
     return float(value)
 
 
@@ -46,18 +51,18 @@ def close(value: Any, want: float, name: str, rule: str = "", rel: float = 1e-6,
     """``value`` equal to ``want`` within ``rel`` (relative) or ``abs_tol``."""
     v = number(value, name)
     if not math.isclose(v, want, rel_tol=rel, abs_tol=abs_tol):
-        raise Fail(f"{name} = {v:.6g}, expected {want:.6g}" + (f": {rule}" if rule else ""))
+        raise RuleFail(f"{name} = {v:.6g}, expected {want:.6g}" + (f": {rule}" if rule else ""))
 
 
 def equal(value: Any, want: Any, name: str, rule: str = "") -> None:
     if value != want:
-        raise Fail(f"{name} = {value!r:.80}, expected {want!r:.80}" + (f": {rule}" if rule else ""))
+        raise RuleFail(f"{name} = {value!r:.80}, expected {want!r:.80}" + (f": {rule}" if rule else ""))
 
 
 def positive(value: Any, name: str) -> float:
     v = number(value, name)
     if not v > 0:
-        raise Fail(f"{name} must be positive, got {v:.6g}")
+        raise RuleFail(f"{name} must be positive, got {v:.6g}")
     return v
 
 
@@ -107,12 +112,12 @@ def not_above(value: Any, ceiling: float | None, name: str, unit: str, what: str
     v = number(value, name)
     if ceiling is not None and v > ceiling * DATASHEET_SLACK:
         u = f" {unit}" if unit else ""
-        raise Fail(f"{name} = {v:.4g}{u} is above {what} ({ceiling:.4g}{u}): not physically possible")
+        raise RuleFail(f"{name} = {v:.4g}{u} is above {what} ({ceiling:.4g}{u}): not physically possible")
 
 
 def label(value: Any, choices: tuple[str, ...], name: str) -> str:
     if type(value) is not str or value not in choices:
-        raise Fail(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r:.60}")
+        raise RuleFail(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r:.60}")
     return value
 
 
@@ -139,7 +144,7 @@ def cases(results: list, expected: list, name: str, rule: str,
             wrong += 1
             first = first or f"expected {shown(want)}, got {shown(r.value)}"
     if wrong:
-        raise Fail(f"{name} disagreed with the rule on {wrong} of {len(results)} hidden cases (first: {first}). "
+        raise RuleFail(f"{name} disagreed with the rule on {wrong} of {len(results)} hidden cases (first: {first}). "
                    f"The rule: {rule}")
     return f"{name}: right on all {len(results)} hidden cases"
 

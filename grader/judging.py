@@ -260,7 +260,12 @@ def _harness(run: Run, check: Check, a: Answers, ctx: Context) -> None:
         try:
             result, sections = box.harness(check.harness, params, timeout_s=check.timeout_s)
         except SandboxError as exc:
-            raise expect.Fail(f"your code, run by the grader on its own inputs, failed: {exc}") from None
+            raise expect.RuleFail(f"your code, run by the grader on its own inputs, failed: {exc}") from None
+        finally:
+            reached = list(box.ground_truth)
+    if reached:
+        raise expect.RuleFail(f"your answer called {reached[0].replace(':', '.')}, the course's own implementation "
+                              "of the rule this cell asks you to write: it earns no points")
     a.harness, a.sections = plain(result), {k: dataclasses.replace(v, outputs=plain(v.outputs)) for k, v in sections.items()}
 
 
@@ -279,6 +284,10 @@ def _judge_measured(check: Check, a: Answers, ctx: Context, measure: Callable, s
             window.close()
             return _lines(check.judge(a, ref)) + ([f"measured on a loaded machine ({window.describe()})"]
                                                    if window.loaded else []), ""
+        except expect.RuleFail as exc:  # the answer's own mistake: a new measurement cannot change it
+            if not window.closed:
+                window.close()
+            return [], str(exc)
         except expect.Fail as exc:
             if not window.closed:
                 window.close()
@@ -333,10 +342,10 @@ def judge_all(run: Run) -> dict[str, Verdict]:
         notes, message = [], ""
         try:
             if cell in problems:
-                raise expect.Fail(problems[cell])
+                raise expect.RuleFail(problems[cell])
             if a.ground_truth:
                 name = a.ground_truth[0].replace(":", ".")
-                raise expect.Fail(f"your answer called {name}, the course's own implementation of the rule this "
+                raise expect.RuleFail(f"your answer called {name}, the course's own implementation of the rule this "
                                   "cell asks you to write: it earns no points")
             if check.harness:
                 _harness(run, check, a, ctx)

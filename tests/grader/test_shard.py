@@ -115,3 +115,54 @@ def test_merge_refuses_what_is_not_a_finished_shard(tmp_path, breakage, message)
         (f / shard.MANIFEST).write_text(json.dumps({"schema": "other"}))
     with pytest.raises(shard.ShardError, match=message):
         shard.merge([folders[0], f], tmp_path / "m")
+
+
+# -- the Kubernetes manifests of a sharded class (grader/shard.py, k8s_manifests) ---------------------------
+
+def _docs(text: str) -> dict[str, dict]:
+    import yaml
+
+    return {d["metadata"]["name"]: d for d in yaml.safe_load_all(text) if d}
+
+
+@pytest.mark.parametrize("n", [1, 3, 16])
+def test_k8s_manifests_write_the_shard_count_from_one_argument(n):
+    docs = _docs(shard.k8s_manifests(shards=n, assignment="01_single_gpu", image="reg.example/g:1", tries=3))
+    job, merge = docs["gpulab-grade"]["spec"], docs["gpulab-grade-merge"]["spec"]
+    env = {e["name"]: e["value"] for e in job["template"]["spec"]["containers"][0]["env"]}
+    menv = {e["name"]: e["value"] for e in merge["template"]["spec"]["containers"][0]["env"]}
+    assert job["completions"] == job["parallelism"] == job["maxFailedIndexes"] == int(env["GPULAB_SHARDS"]) == n
+    assert menv["GPULAB_SHARDS"] == str(n) and menv["GPULAB_ASSIGNMENT"] == env["GPULAB_ASSIGNMENT"] == "01_single_gpu"
+    assert job["backoffLimitPerIndex"] + 1 == int(menv["GPULAB_TRIES"]) == 3  # the merge counts the same tries
+    assert job["suspend"] is True and merge["suspend"] is True  # nothing runs before the class is loaded
+    assert merge["backoffLimit"] == 0 and merge["activeDeadlineSeconds"] == int(menv["GPULAB_WAIT_S"]) + 3600
+    images = {c["image"] for d in (job, merge) for c in d["template"]["spec"]["containers"]}
+    assert images == {"reg.example/g:1"}
+    copier = docs["gpulab-grading-copier"]["spec"]
+    claims = {v["persistentVolumeClaim"]["claimName"] for spec in (job["template"]["spec"], merge["template"]["spec"],
+                                                                   copier) for v in spec["volumes"]
+              if "persistentVolumeClaim" in v}
+    assert claims == {"gpulab-grading"}
+
+
+def test_k8s_manifests_ask_for_the_cpus_slurm_asks_for():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    docs = _docs(shard.k8s_manifests())
+    shard_cpu = docs["gpulab-grade"]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"]
+    merge_cpu = docs["gpulab-grade-merge"]["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"]
+    slurm = (root / "deploy" / "slurm")
+    assert f"cpus=${{GPULAB_CPUS_PER_TASK:-{shard_cpu}}}" in (slurm / "grade-class.sh").read_text()
+    assert f"#SBATCH --cpus-per-task={shard_cpu}\n" in (slurm / "grade-shard.sbatch").read_text()
+    assert f"#SBATCH --cpus-per-task={merge_cpu}\n" in (slurm / "merge.sbatch").read_text()
+    assert int(shard_cpu) == shard.CPUS_PER_SHARD
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"shards": 0}, "at least 1"), ({"tries": 0}, "at least 1"), ({"cpus": 0}, "at least 1"),
+    ({"wait_h": 0}, "above 0"), ({"assignment": "a b; rm -rf /"}, "not an assignment id"),
+])
+def test_k8s_manifests_refuse_bad_values(kwargs, message):
+    with pytest.raises(shard.ShardError, match=message):
+        shard.k8s_manifests(**kwargs)

@@ -1,5 +1,8 @@
 """deploy/ checked with real tools: hadolint on the Dockerfile, kubernetes-validate on the
-manifests, promtool on the Prometheus config, and a real Prometheus server (Debian's
+manifests (deploy/k8s/grading.yaml is `python -m grader k8s-manifest`'s output, and each of its
+containers' scripts runs here with sh on a class of its own: the shards through the real `grader
+autograde`, the merge through the real `grader merge`, a failed, an unfinished and a wrong shard
+named), promtool on the Prometheus config, and a real Prometheus server (Debian's
 ``prometheus``) that scrapes utils.exporter (fed by a fake NVML) and a fake vLLM /metrics,
 then evaluates every PromQL query of the Grafana dashboard through its HTTP API.
 
@@ -165,23 +168,146 @@ def test_vllm_deployment_requests_a_gpu_with_probes_and_shm():
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
-def test_grading_job_is_one_gpu_pod_per_shard_with_a_merge_that_waits_for_them_all():
-    docs = {d["metadata"]["name"]: d for d in yaml_docs(DEPLOY / "k8s" / "grading.yaml")}
-    job, merge, claim = docs["gpulab-grade"], docs["gpulab-grade-merge"], docs["gpulab-grading"]
-    assert job["spec"]["completionMode"] == "Indexed"
-    pod = job["spec"]["template"]["spec"]
-    (c,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in c["env"]}
-    assert int(env["GPULAB_SHARDS"]) == job["spec"]["completions"] == job["spec"]["parallelism"]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-    script = " ".join(c["args"])
-    assert "--shard \"$k/$GPULAB_SHARDS\"" in script and "JOB_COMPLETION_INDEX + 1" in script
-    (m,) = merge["spec"]["template"]["spec"]["containers"]
-    menv = {e["name"]: e["value"] for e in m["env"]}
-    assert menv["GPULAB_SHARDS"] == env["GPULAB_SHARDS"] and "grader merge /data/out/shard-*" in " ".join(m["args"])
-    claims = {v["persistentVolumeClaim"]["claimName"] for d in (job, merge)
-              for v in d["spec"]["template"]["spec"]["volumes"] if "persistentVolumeClaim" in v}
-    assert claims == {claim["metadata"]["name"]} and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+GRADING = DEPLOY / "k8s" / "grading.yaml"
+GRADING_ARGS = ["--shards", "4", "--assignment", "00_foundations", "--image", "registry.example.com/gpulab-grade:0.1.0"]
+
+
+def test_grading_manifest_is_what_the_generator_writes():
+    """deploy/k8s/grading.yaml is `python -m grader k8s-manifest` for 4 shards, byte for byte: the shard
+    count, written in several places, comes from that one argument (tests/grader/test_shard.py)."""
+    proc = subprocess.run([sys.executable, "-m", "grader", "k8s-manifest", *GRADING_ARGS], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == GRADING.read_text(), "regenerate: python -m grader k8s-manifest " + " ".join(GRADING_ARGS) \
+        + " --out deploy/k8s/grading.yaml"
+    docs = {d["metadata"]["name"]: d for d in yaml_docs(GRADING)}
+    assert {(d["kind"], n) for n, d in docs.items()} == {
+        ("PersistentVolumeClaim", "gpulab-grading"), ("Pod", "gpulab-grading-copier"), ("Job", "gpulab-grade"),
+        ("Job", "gpulab-grade-merge")}
+    (c,) = docs["gpulab-grade"]["spec"]["template"]["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 and docs["gpulab-grade"]["spec"]["completionMode"] == "Indexed"
+    assert docs["gpulab-grading"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    (copier,) = docs["gpulab-grading-copier"]["spec"]["containers"]
+    assert re.fullmatch(r"[\w./-]+:[\w.-]+", copier["image"]) and not copier["image"].endswith(":latest")
+
+
+@pytest.mark.parametrize("k8s_version", ["1.29.0", "1.37.0"])
+def test_generated_grading_manifests_for_other_classes_pass_kubernetes_validate(k8s_version):
+    kv = _kubernetes_validate()
+    from grader.shard import k8s_manifests
+
+    for text in (k8s_manifests(shards=1, tries=1), k8s_manifests(shards=32, assignment="04_benchmarking_production",
+                                                                 image="r.example/x:2", cpus=8, wait_h=2.5)):
+        for doc in yaml.safe_load_all(text):
+            kv.validate(doc, k8s_version, strict=True)
+
+
+def _script(name: str) -> str:
+    docs = {d["metadata"]["name"]: d for d in yaml_docs(GRADING)}
+    (c,) = docs[name]["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["sh", "-c"]
+    return c["args"][0]
+
+
+def _container(name: str, data: Path, timeout: int = 900, **env) -> subprocess.CompletedProcess:
+    """A container's script of deploy/k8s/grading.yaml run here with sh, the volume at ``data``, in the
+    repository (the grade image's working directory, /app, holds the same)."""
+    full = {**os.environ, "GPULAB_DATA": str(data), "GPULAB_ASSIGNMENT": "00_foundations", "GPULAB_SHARDS": "2",
+            "GPULAB_PYTHON": sys.executable, "GPULAB_TRIES": "2", "GPULAB_WAIT_S": "600", "GPULAB_POLL_S": "1",
+            **{k: str(v) for k, v in env.items()}}
+    return subprocess.run(["sh", "-c", _script(name)], cwd=ROOT, env=full, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _status(data: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((data / "out" / "00_foundations" / "status").glob("shard-*"))}
+
+
+@pytest.mark.slow
+def test_grading_pods_grade_their_shards_and_the_merge_joins_them(tmp_path):
+    """Two shards of a class of one: shard 1 grades it (a file that is no notebook: scored 0 in seconds,
+    with a feedback file that says why), shard 2 has nothing to grade and writes its empty outputs;
+    each writes its status; the merge sees both done and merges them with the real `grader merge`."""
+    data = tmp_path / "data"
+    (data / "submissions").mkdir(parents=True)
+    (data / "submissions" / "junk.ipynb").write_text("this is not a notebook")
+    for index in (0, 1):
+        proc = _container("gpulab-grade", data, JOB_COMPLETION_INDEX=index)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert _status(data) == {"shard-1": "0\n", "shard-2": "0\n"}
+    out = data / "out" / "00_foundations"
+    assert json.loads((out / "shard-2" / "results.json").read_text()) == []
+    assert json.loads((out / "shard-2" / "shard.json").read_text())["positions"] == {}
+    proc = _container("gpulab-grade-merge", data, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "merged 2 shards of 00_foundations: 1 submissions" in proc.stdout
+    merged = (out / "merged" / "grades.csv").read_text()
+    assert "junk" in merged and "not a Jupyter notebook" in merged
+    assert "not a Jupyter notebook" in (out / "merged" / "feedback" / "junk" / "00_foundations.html").read_text()
+
+
+def test_a_grading_pod_without_the_class_says_so_and_records_its_failure(tmp_path):
+    data = tmp_path / "data"
+    (data / "submissions").mkdir(parents=True)  # the volume as the claim starts: nothing copied in yet
+    proc = _container("gpulab-grade", data, JOB_COMPLETION_INDEX=1, timeout=120)
+    assert proc.returncode == 2 and "shard 2/2: no class in" in proc.stderr and "copy it in" in proc.stderr
+    assert _status(data) == {"shard-2": "2\n"}
+
+
+def _finished_shard(out: Path, k: int, n: int) -> None:
+    """What `autograde --shard k/n` leaves for a shard with no submissions (grader/__main__.py)."""
+    from grader import shard
+    from grader.__main__ import grade_batch_outputs_empty
+
+    grade_batch_outputs_empty(out / f"shard-{k}")
+    shard.write_manifest(out / f"shard-{k}", "00_foundations", k, n, 0, {})
+
+
+def test_the_merge_names_a_failed_shard_at_once(tmp_path):
+    data = tmp_path / "data"
+    out = data / "out" / "00_foundations"
+    _finished_shard(out, 1, 2)
+    (out / "status").mkdir(parents=True)
+    (out / "status" / "shard-1").write_text("0\n")
+    (out / "status" / "shard-2").write_text("1\n")  # its first try failed; a second may be running
+    proc = _container("gpulab-grade-merge", data, timeout=120, GPULAB_WAIT_S=3)
+    assert proc.returncode == 1 and "merge: shard 2/2 not finished after 3 s" in proc.stderr, proc.stderr
+    (out / "status" / "shard-2").write_text("1\n137\n")  # both tries failed (the second killed: out of memory)
+    t0 = time.monotonic()
+    proc = _container("gpulab-grade-merge", data, timeout=120)  # waits up to 600 s for a shard still running
+    assert proc.returncode == 1 and "merge: shard 2/2 (exit 137) failed after 2 tries" in proc.stderr, proc.stderr
+    assert "job-completion-index" in proc.stderr and time.monotonic() - t0 < 60  # named at once, not after the wait
+    assert not (out / "merged").exists()
+
+
+def test_the_merge_refuses_shards_whose_outputs_are_wrong_by_name(tmp_path):
+    """Every status says 0, but shard 2's outputs are missing or another class's: `python -m grader
+    merge` (the merge container's last step) refuses them and names the shard."""
+    data = tmp_path / "data"
+    out = data / "out" / "00_foundations"
+    _finished_shard(out, 1, 2)
+    (out / "status").mkdir(parents=True)
+    for k in (1, 2):
+        (out / "status" / f"shard-{k}").write_text("0\n")
+    proc = _container("gpulab-grade-merge", data, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "shard-2: no such folder" in proc.stderr
+    from grader import shard
+    from grader.__main__ import grade_batch_outputs_empty
+
+    grade_batch_outputs_empty(out / "shard-2")
+    shard.write_manifest(out / "shard-2", "00_foundations", 2, 3, 0, {})  # a shard of a 3-shard run
+    proc = _container("gpulab-grade-merge", data, timeout=120)
+    assert proc.returncode == 2 and "shard-2: of 3, but" in proc.stderr and "different batches" in proc.stderr, proc.stderr
+
+
+def test_readme_names_the_three_images_and_the_grading_steps():
+    readme = (DEPLOY / "README.md").read_text()
+    targets = re.findall(r"^FROM \S+ AS (\w+)$", (DEPLOY / "Dockerfile").read_text(), flags=re.M)
+    assert targets == ["exporter", "serve", "grade"] and "three images" in readme and "two images" not in readme
+    for t in targets:
+        assert f"--target {t}" in readme
+    for step in ("python -m grader k8s-manifest", "kubectl cp", "gpulab-grading-copier", '{"spec":{"suspend":false}}'):
+        assert step in readme, step
 
 
 def test_exporter_daemonset_and_services_line_up_with_prometheus_config():

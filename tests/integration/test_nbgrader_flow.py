@@ -1,14 +1,17 @@
 """nbgrader's own instructor flow on the course root (grader/ with its nbgrader_config.py), as an
 nbgrader user runs it: generate_assignment, autograde, generate_feedback and export, each as its
 own command. The reference answers score full automatic marks, the untouched release 0, the
-export is nbgrader's CSV, the one learning-management systems import, and the formgrader, served
-for real, lists the written answer for a manual grade with its number check."""
+export is nbgrader's CSV, and the formgrader, served for real by `jupyter server` in the course root,
+counts both submissions and lists the written answer for a manual grade with its number check
+(nbgrader's CSV is long, one row per student and assignment, with no status: for a learning-management
+system, `python -m grader export --format canvas|moodle`, tests/grader/test_lms.py)."""
 from __future__ import annotations
 
 import csv
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,8 +31,11 @@ pytestmark = pytest.mark.slow
 def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     # as in an activated virtualenv: nbgrader runs alembic from PATH; the hidden tests import grader and utils
     # GPULAB_REPO: the setup cell looks for the course above the notebook; this course root is elsewhere
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPULAB_REPO": str(ROOT),
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    # OMP/MKL_NUM_THREADS=1: the kernel's torch on one thread, as `python -m grader autograde` runs it in smoke mode
+    # (grader/batch.py, _kernel_env): two spinning threads on a shared 2-core machine slow the learner's in-kernel
+    # measurements at random, several times over, against the grader's own
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPULAB_REPO": str(ROOT), "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1", "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, f"nbgrader {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -80,11 +86,13 @@ def _formgrader_sees_the_written_answer(course: Path) -> None:
     answer only, whose comment is the number check; the untouched release scores 0 there without
     one ("No response"); the grading page of the answered one renders the write-up."""
     port, token = _free_port(), "formgrader-test"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JUPYTER_RUNTIME_DIR": str(course / ".runtime")}
-    server = subprocess.Popen([sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",
+    # `jupyter server` in the course root, as docs/grading.md says (nbgrader 0.9 has no formgrader command)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JUPYTER_RUNTIME_DIR": str(course / ".runtime"),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    server = subprocess.Popen(["jupyter", "server", "--no-browser", f"--port={port}",
                                "--ServerApp.ip=127.0.0.1", "--allow-root", f"--IdentityProvider.token={token}",
                                f"--ServerApp.root_dir={course}"], cwd=course, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     base, head = f"http://127.0.0.1:{port}/formgrader", {"Authorization": f"token {token}"}
 
     def get(path: str) -> str:
@@ -102,6 +110,8 @@ def _formgrader_sees_the_written_answer(course: Path) -> None:
         else:
             raise AssertionError("the formgrader did not answer in 120 s")
         assert subs["ana"]["needs_manual_grade"] and not subs["bo"]["needs_manual_grade"], subs
+        # "Manage Assignments": nbgrader's own flow has submitted/<student>/<assignment>/, so both are counted
+        assert [a["num_submissions"] for a in json.loads(get("/api/assignments")) if a["name"] == ASSIGNMENT] == [2]
         for student, starts in (("ana", "Quoted numbers:"), ("bo", "No response")):
             sid = subs[student]["id"]
             pending = [g["name"] for g in json.loads(get(f"/api/grades?submission_id={sid}")) if g["needs_manual_grade"]]
@@ -111,5 +121,9 @@ def _formgrader_sees_the_written_answer(course: Path) -> None:
         page = get(f"/submissions/{subs['ana']['id']}/")
         assert "limiter_writeup" in page and "The printed line decides it" in page
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        os.killpg(server.pid, signal.SIGTERM)  # `jupyter` starts `jupyter-server`: the whole group
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

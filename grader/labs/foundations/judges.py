@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from grader.expect import Fail, approx, cases, close, equal, label, not_above, positive
+from grader.expect import RuleFail, approx, cases, close, equal, label, not_above, positive
 from grader.judging import Check
 from grader.labs.foundations.answers import KERNELS, LABELS, ROOFS
 from utils import matmul_sweep
@@ -126,7 +126,7 @@ def quantization(a, ref):
 
 def _timing(t: dict, name: str) -> float:
     if not t["p20_ms"] <= t["median_ms"] <= t["p80_ms"]:
-        raise Fail(f"{name}: p20 {t['p20_ms']:.4g} <= median {t['median_ms']:.4g} <= p80 {t['p80_ms']:.4g} ms does not "
+        raise RuleFail(f"{name}: p20 {t['p20_ms']:.4g} <= median {t['median_ms']:.4g} <= p80 {t['p80_ms']:.4g} ms does not "
                    "hold: not a timing from utils.timing.benchmark")
     return t["median_ms"]
 
@@ -203,7 +203,7 @@ def roofline(a, ref):
     sheet = datasheet_ceilings(ctx)
     want_sheet = sheet or tuple(a.CEILINGS["measured"])
     if any(abs(x - y) > 1e-6 * y for x, y in zip(a.CEILINGS["datasheet"], want_sheet, strict=True)):
-        raise Fail(f"CEILINGS['datasheet'] = {a.CEILINGS['datasheet']}, expected {want_sheet}: "
+        raise RuleFail(f"CEILINGS['datasheet'] = {a.CEILINGS['datasheet']}, expected {want_sheet}: "
                    + (f"the {ctx.spec.name} datasheet peak for {ctx.dtype} and its bandwidth" if sheet
                       else "with no datasheet row here, the measured ceilings"))
     roofs = {"datasheet": want_sheet, "measured": tuple(a.CEILINGS["measured"])}
@@ -218,7 +218,7 @@ def roofline(a, ref):
                            f"{achieved[name]:.3g} TFLOP/s on the {roof} roofline ({peak:.4g} TFLOP/s, {bw:.4g} GB/s, "
                            f"ridge {ridge_point(peak, bw):.3g} FLOP/B)")
     if bad:
-        raise Fail("; ".join(bad) + ". The rule: overhead below 10% of the roof at that intensity, else compute at "
+        raise RuleFail("; ".join(bad) + ". The rule: overhead below 10% of the roof at that intensity, else compute at "
                    "or above the ridge and memory below it")
     if sheet:
         for name in KERNELS:
@@ -249,24 +249,24 @@ def training(a, ref):
     _timing(tr, "train")
     per_step = s.batch_size * s.seq_len
     if tr["tokens_per_s"] is None:
-        raise Fail("train['tokens_per_s'] is None: give the Stopwatch tokens_per_step=TOKENS_PER_STEP")
+        raise RuleFail("train['tokens_per_s'] is None: give the Stopwatch tokens_per_step=TOKENS_PER_STEP")
     close(tr["tokens_per_s"], per_step * tr["steps"] / tr["total_s"], "train['tokens_per_s']",
           f"{per_step} tokens per step x its steps over its total_s", rel=1e-3)
     close(a.tokens_per_s, tr["tokens_per_s"], "tokens_per_s", "train['tokens_per_s']", rel=1e-9)
     if not a.monitor:
-        raise Fail("the GpuMonitor recorded nothing: run the training loop inside `with GpuMonitor(...) as monitor:`")
+        raise RuleFail("the GpuMonitor recorded nothing: run the training loop inside `with GpuMonitor(...) as monitor:`")
     if a.monitor_s < 0.8 * tr["total_s"]:
-        raise Fail(f"the monitor ran {a.monitor_s:.2f} s, shorter than the training ({tr['total_s']:.2f} s): start it "
+        raise RuleFail(f"the monitor ran {a.monitor_s:.2f} s, shorter than the training ({tr['total_s']:.2f} s): start it "
                    "before the loop and stop it after")
     for dev, d in a.monitor.items():
         for key in ("util_gpu_pct", "util_mem_pct", "util_cpu_pct"):
             for stat in ("mean", "max"):
                 v = (d.get(key) or {}).get(stat)
                 if v is not None and not 0 <= v <= 100:
-                    raise Fail(f"monitor {dev} {key} {stat} = {v:.4g}%: a utilization is between 0 and 100%")
+                    raise RuleFail(f"monitor {dev} {key} {stat} = {v:.4g}%: a utilization is between 0 and 100%")
         peak_mem, total = (d.get("mem_used_gib") or {}).get("max"), d.get("mem_total_gib")
         if peak_mem is not None and total and not 0 <= peak_mem <= total * 1.05:
-            raise Fail(f"monitor {dev} mem_used_gib max = {peak_mem:.4g} GiB, but the device has {total:.4g} GiB")
+            raise RuleFail(f"monitor {dev} mem_used_gib max = {peak_mem:.4g} GiB, but the device has {total:.4g} GiB")
     peaks = _fp32_peaks(ctx)
     if ctx.device == "cuda" and peaks:
         not_above(a.tokens_per_s * _flops_per_token(s) / 1e12, max(peaks), "tokens_per_s x FLOPs per token",
@@ -292,7 +292,7 @@ def limiter(a, ref):
     peaks = _fp32_peaks(ctx)
     if ctx.device == "cuda" and peaks:
         if not any(abs(peak - p) <= 1e-6 * p for p in peaks):
-            raise Fail(f"TRAIN_PEAK_TFLOPS = {peak:.4g}, expected the {ctx.spec.name} fp32 or tf32 datasheet peak "
+            raise RuleFail(f"TRAIN_PEAK_TFLOPS = {peak:.4g}, expected the {ctx.spec.name} fp32 or tf32 datasheet peak "
                        f"({', '.join(f'{p:g}' for p in peaks)})")
         not_above(a.mfu, 1.0, "mfu", "", "100% of the datasheet peak")
     else:
@@ -303,7 +303,7 @@ def limiter(a, ref):
     else:
         least = 16 * non_embedding_params_from_config(preset_config(s.model))
         if a.STEP_BYTES < least:
-            raise Fail(f"STEP_BYTES = {a.STEP_BYTES:.4g}, less than one step must move ({least:.4g}: the fp32 weights "
+            raise RuleFail(f"STEP_BYTES = {a.STEP_BYTES:.4g}, less than one step must move ({least:.4g}: the fp32 weights "
                        "read twice, their gradients written and the optimizer's update)")
     close(a.step_gbs, gb_per_s(a.STEP_BYTES, full), "step_gbs", "STEP_BYTES over full_time's median", rel=1e-3)
     bw = positive(a.TRAIN_PEAK_GBS, "TRAIN_PEAK_GBS")
@@ -314,7 +314,7 @@ def limiter(a, ref):
         notes.append(ref.against("copy", bw, "TRAIN_PEAK_GBS (your measured copy)", "GB/s"))
     want = step_bound(a.fixed_share, a.mfu, a.bandwidth_share)
     if a.LIMITER != want:
-        raise Fail(f"LIMITER = {a.LIMITER!r}, expected {want!r}: your fixed_share {a.fixed_share:.2f}, mfu {a.mfu:.2f} "
+        raise RuleFail(f"LIMITER = {a.LIMITER!r}, expected {want!r}: your fixed_share {a.fixed_share:.2f}, mfu {a.mfu:.2f} "
                    f"and bandwidth_share {a.bandwidth_share:.2f} give {want!r} by the rule (overhead above a 0.5 fixed "
                    "share or when neither share reaches 0.4; else the larger of MFU and the bandwidth share)")
     return [ref.against("batch_scaling", a.batch_scaling, "batch_scaling", "x"), *notes]
@@ -327,10 +327,10 @@ def sweep(a, ref):
         equal(a.SM_COUNT, sms, "SM_COUNT", "this device's multi_processor_count")
     want = matmul_sweep.sweep_shapes(a.SM_COUNT, ctx.tier)
     if {k: tuple(v) for k, v in a.SWEEP_SHAPES.items()} != want:
-        raise Fail(f"SWEEP_SHAPES is not the setup cell's sweep for {a.SM_COUNT} SMs: expected {want}")
+        raise RuleFail(f"SWEEP_SHAPES is not the setup cell's sweep for {a.SM_COUNT} SMs: expected {want}")
     for name, d in (("sweep_time", a.sweep_time), ("sweep_tflops", a.sweep_tflops)):
         if set(d) != set(want):
-            raise Fail(f"{name} must have one entry per label of SWEEP_SHAPES ({', '.join(want)})")
+            raise RuleFail(f"{name} must have one entry per label of SWEEP_SHAPES ({', '.join(want)})")
     for lab, (m, n, k) in want.items():
         close(a.sweep_tflops[lab], tflop_per_s(2 * m * n * k, _timing(a.sweep_time[lab], f"sweep_time[{lab!r}]")),
               f"sweep_tflops[{lab!r}]", "2 m n k over its sweep_time's median", rel=1e-3)

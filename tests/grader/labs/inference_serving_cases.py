@@ -90,7 +90,7 @@ def counts(ctx) -> tuple:
 
 def reference(ctx, live: bool = True, measured: dict | None = None, speedup: float = 2.5,
               quant_modes: tuple = (), quant_why: str = "no CUDA GPU") -> R.Reference:
-    return R.Reference(ctx, measured or {}, *counts(ctx), live=live, speedup=speedup, quant_modes=quant_modes,
+    return R.Reference(ctx, {**(measured or {}), "speedup": speedup}, *counts(ctx), live=live, quant_modes=quant_modes,
                        quant_why=quant_why)
 
 

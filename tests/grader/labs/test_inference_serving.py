@@ -138,7 +138,7 @@ def test_decode_rules(sol):
     fails(judges.decode, *decode_case(sol, values=fast), r"decode\['eager'\]\['tpot_ms'\] = .* but the grader measured")
     with pytest.raises(Unusable, match="below the 0.5x"):
         a, ref = decode_case(sol)
-        ref.speedup = 0.3
+        ref.measured["speedup"] = 0.3
         judges.decode(a, ref)
 
 
