@@ -291,6 +291,7 @@ class Section:
 
     seconds: float
     outputs: object
+    seed: int | None = None  # the seed the judge sent with go: the judge recomputes the work from it
 
 
 @dataclass
@@ -440,7 +441,7 @@ class Sandbox:
                 t1 = time.perf_counter()
                 if done.get("done") != label:
                     raise SandboxError(str(done.get("error") or f"the harness did not finish {label!r}"))
-                sections[label] = Section(t1 - t0, done.get("outputs"))
+                sections[label] = Section(t1 - t0, done.get("outputs"), seed)
                 continue
             if "error" in msg:
                 raise SandboxError(str(msg["error"]))

@@ -3,8 +3,8 @@
 :func:`measure` (live) runs, in the grader's process after the notebook's kernel has gone, the course
 code the notebook's cells run: the naive loop (``utils.training``), timed several times
 (:func:`grader.measuring.timed`, its band from the spread of those runs alone) and profiled
-(``utils.profiling``); the course's sync-free loop through the same steps as the optimized loop's
-harness, for how far a loss falls while it is timed (:func:`course_drop`); and the peak memory of
+(``utils.profiling``) and stepped on for as many steps as the optimized loop is timed for, for how
+far a loss falls in them (:func:`course_drop`); and the peak memory of
 LoRA recipes (``utils.training.measure_finetune``): the course's lean and heavy recipes and each
 single change between them, and, on demand, whatever recipe a learner gave (:meth:`Reference.peak`).
 Peaks of a fixed recipe and shape are nearly deterministic (on a CPU an account of tensor bytes,
@@ -20,8 +20,6 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from grader.labs.single_gpu import harness
 from grader.measuring import Measured, timed
 from utils import loop_audit
@@ -29,8 +27,6 @@ from utils.profiling import profile_steps
 from utils.training import (
     RECIPES,
     FinetuneRecipe,
-    LoopConfig,
-    best_precision,
     bitsandbytes_usable,
     build_loop,
     measure_finetune,
@@ -90,24 +86,15 @@ def single_recipe(cause: str) -> dict:
     return dataclasses.asdict(replace(RECIPES["lora_bf16_lean"], **SINGLE_CHANGES[cause]))
 
 
-def course_drop(sizes, device: str, seed: int) -> float:
-    """How far the course's sync-free loop (``utils.loop_audit``'s reference loop, at the naive batch)
-    takes the fp32 loss of :data:`harness.EVAL_BLOCKS` blocks drawn from ``seed`` in as many steps as
-    the optimized loop is timed for, after as many steps as the harness runs before it."""
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    loop = build_loop(sizes.model, LoopConfig(batch_size=sizes.naive_batch, seq_len=sizes.seq_len,
-                                              precision=best_precision(dev), pin_memory=cuda, non_blocking=cuda,
-                                              sync_every_step=False, fused_adamw=cuda), dev, 0)
-    for _ in range(loop_audit.WARMUP_STEPS + loop_audit.AUDIT_STEPS + harness.WARMUP):
-        loop.step()
-    batch = harness.eval_batch(loop_audit.loop_dataset(sizes.seq_len, loop.vocab_size), seed, dev)
+def course_drop(loop, sizes, seed: int) -> float:
+    """How far the course's ``loop`` (the naive loop: fp32, the naive batch) takes the fp32 loss of
+    :data:`harness.EVAL_BLOCKS` blocks drawn from ``seed`` in as many steps as the optimized loop is
+    timed for. The loop has run at least as many steps before as the harness runs before its timed ones."""
+    batch = harness.eval_batch(loop_audit.loop_dataset(sizes.seq_len, loop.vocab_size), seed, loop.device)
     before = loop_audit.fixed_batch_loss(loop.model, batch)
     for _ in range(harness.SECTIONS * harness.steps_per_section(sizes)):
         loop.step()
-    after = loop_audit.fixed_batch_loss(loop.model, batch)
-    del loop
-    return before - after
+    return before - loop_audit.fixed_batch_loss(loop.model, batch)
 
 
 def measure(ctx, needs: frozenset, slowdown: float, cache: dict) -> Reference:
@@ -115,16 +102,20 @@ def measure(ctx, needs: frozenset, slowdown: float, cache: dict) -> Reference:
     already taken by this try, shared between cells)."""
     s, dev, smoke = ctx.sizes, ctx.device, ctx.smoke
     out = cache
-    if ("naive" in needs or "profile" in needs) and "naive_loop" not in out:
+    if needs & {"naive", "profile", "course_drop"} and "naive_loop" not in out:
         out["naive_loop"] = build_loop(s.model, naive_config(s.naive_batch, s.seq_len), dev)
     if "naive" in needs and "naive" not in out:
         loop = out["naive_loop"]
-        med, rel, why = timed(loop.step, slowdown=slowdown, smoke=smoke, warmup=2, max_runs=8, budget_s=2.0)
+        med, rel, why = timed(loop.step, slowdown=slowdown, smoke=smoke, warmup=1, max_runs=6, budget_s=1.0)
         out["naive"] = Measured(loop.tokens_per_step / med * 1e3, rel, why)
     if "profile" in needs and "profile" not in out:
         out["profile"] = profile_steps(out["naive_loop"].step, steps=3)
     if "course_drop" in needs and "course_drop" not in out:
-        out["course_drop"] = course_drop(s, dev, random.randrange(1 << 30))
+        loop = out["naive_loop"]
+        if "naive" not in out:  # the timing ran more steps than the harness runs before its timed ones
+            for _ in range(loop_audit.WARMUP_STEPS + loop_audit.AUDIT_STEPS + harness.WARMUP):
+                loop.step()
+        out["course_drop"] = course_drop(loop, s, random.randrange(1 << 30))
     if ("finetune" in needs or "cause" in needs) and "peaks" not in out:
         out["peaks"] = {}
         out["bnb"] = bitsandbytes_usable()

@@ -500,8 +500,10 @@ def _run(tmp_path, definitions_src: str, seed: int = 5) -> dict:
     from grader import labs
     from grader.context import live
 
+    work = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+    work.mkdir()
     run = Run(labs.load(made.A), {}, {}, live(made.A), {"prelude": PRELUDE, "definitions": [definitions_src]},
-              definitions.read_code(ROOT), tmp_path, seed)
+              definitions.read_code(ROOT), work, seed)
     answers = {c: Answers({}) for c in ("test_rates", "test_unseen")}
     problems: dict = {}
     _calls(run, [CHECKS[c] for c in answers], answers, problems)
@@ -559,16 +561,6 @@ def test_in_a_sandbox_the_course_source_cannot_be_read(tmp_path):
 # -- the optimized loop's harness, on this CPU -----------------------------------------------------------
 
 WRONG_LOOPS = '''
-import sys
-
-class NoStep(FastLoop):  # never steps the optimizer
-    def step(self):
-        x, y = next(self.batches)
-        loss = self.loss_of(x, y)
-        loss.backward()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.detach()
-
 class SyncEvery(FastLoop):  # reads the loss on the host every step
     def step(self):
         loss = super().step()
@@ -596,12 +588,18 @@ class Idle(FastLoop):  # once past the audit and the warm-up: the batch fed, not
 '''
 
 
+@pytest.fixture(scope="module")
+def measured():
+    """The grader's own measurements on this CPU, every need, once for this module."""
+    return reference.measure(CTX, frozenset(("naive", "profile", "course_drop", "finetune", "cause")), 1.0, {})
+
+
 @pytest.mark.slow
-def test_the_harness_audits_and_times_the_loop_here(tmp_path):
+def test_the_harness_audits_and_times_the_loop_here(tmp_path, measured):
     """The reference FastLoop, audited and timed by the harness, passes the judge against the grader's own
-    naive loop and course drop (measured here); a loop that feeds the model its tokens while timed but learns
-    nothing, one that never steps the optimizer, one that syncs every step and one that feeds half of each
-    sequence fail, each with its reason."""
+    naive loop and course drop; a loop that feeds the model its tokens while timed but learns nothing, one
+    that syncs every step and one that feeds half of each sequence fail, each with its reason (the other
+    audit rules: test_the_audit_rules_fail_the_graders_audit_and_the_notebooks)."""
     from grader import labs
     from grader.context import live
 
@@ -609,35 +607,34 @@ def test_the_harness_audits_and_times_the_loop_here(tmp_path):
     job = definitions.job(nb)
     job["definitions"].append(WRONG_LOOPS)
     run = Run(labs.load(made.A), {}, {}, live(made.A), job, definitions.read_code(ROOT), tmp_path, 1)
-    ref = reference.measure(CTX, frozenset(("naive", "course_drop")), 1.0, {})
-    ref.measured["naive"] = dataclasses.replace(ref.measured["naive"], rel=7.0)  # this machine's load is not under test
-    check = CHECKS["test_optimized"]
+    ref = dataclasses.replace(measured, measured={"naive": dataclasses.replace(measured.measured["naive"], rel=7.0)})
+    check = CHECKS["test_optimized"]  # (the band is the widest: this machine's load is not under test)
     params = judges.optimized_params(CTX, None)
     got = {}
     with _new_sandbox(run, [check], False, "loops") as box:
-        for name in ("FastLoop", "Idle", "NoStep", "SyncEvery", "HalfSequence"):
+        for name in ("FastLoop", "Idle", "SyncEvery", "HalfSequence"):
             timed = name in ("FastLoop", "Idle")
             got[name] = box.harness(check.harness, dict(params, loop=name, sections=params["sections"] if timed else 0))
     h, sections = got["FastLoop"]
-    fast = h["tokens_per_step"] * params["steps"] / min(s.seconds for k, s in sections.items() if k != "check")
-    sp = fast / ref.measured["naive"].value
+    rates = sorted(h["tokens_per_step"] * params["steps"] / sec.seconds for k, sec in sections.items() if k != "check")
+    sp = rates[1] / ref.measured["naive"].value
     a = opt(speedup=sp, optimized_tps=sp * made.NAIVE_TPS, baseline_tps=made.NAIVE_TPS,
             opt_row={**opt()["opt_row"], "tokens_per_s": sp * made.NAIVE_TPS}, audit=h["audit"])
     if sp >= 1:  # the floor is this machine's to meet: beside busy cores it may not
         assert judge("test_optimized", a, ref, h, sections)[0].startswith("your loop, audited")
     h, sections = got["Idle"]
-    assert not sections["check"].outputs["loss_before"] - sections["check"].outputs["loss_after"]  # nothing learned
+    check_out = sections["check"].outputs
+    assert check_out["loss_before"] == check_out["loss_after"]  # the weights the timed steps left: where they were
     with pytest.raises(Fail, match="must fall at least 0.25x as far"):
         judge("test_optimized", a, ref, h, sections)
-    for name, named in (("NoStep", "4 of 4 steps left every weight unchanged"), ("SyncEvery", "4 host syncs in 4"),
-                        ("HalfSequence", "fed the model 256 tokens, but the loop claims")):
+    for name, named in (("SyncEvery", "4 host syncs in 4"), ("HalfSequence", "fed the model 256 tokens, but the loop")):
         with pytest.raises(Fail, match=named):
             judge("test_optimized", a, ref, *got[name])
 
 
 @pytest.mark.slow
-def test_the_graders_own_measurements_on_this_cpu():
-    r = reference.measure(CTX, frozenset(("naive", "profile", "course_drop", "finetune", "cause")), 1.0, {})
+def test_the_graders_own_measurements_on_this_cpu(measured):
+    r = measured
     naive = r.measured["naive"]
     assert naive.value > 0 and 1.5 <= naive.rel <= 3.0
     assert isinstance(r.profile, ProfileSummary) and r.profile.device == "cpu" and r.profile.diagnosis == CPU
