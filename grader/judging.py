@@ -60,6 +60,9 @@ class Check:
     setup: str = ""
     imports: tuple[str, ...] = ()
     timeout_s: float = 300.0
+    always_live: bool = False  # judged on this machine even where a record stands in for measurements
+    # (its reference runs on a CPU as well: a count, a resume on the grader's own run)
+    per_call_s: float = 30.0  # the most one hidden case may take in the sandbox
     strict: bool | None = None  # the sandbox refuses processes, ctypes, gc walks, off-machine connections;
     # default: strict where ``forbid`` names a ground truth (a check whose answers need a compiler, Triton on
     # a GPU say, sets False: its ground truth is still a tripwire, its source unreadable)
@@ -240,7 +243,7 @@ def _call_group(run: Run, todo: list[Check], answers: dict, problems: dict, stri
                 cases = make(cell_seed(run.seed, c.cell, name), run.live)
                 before = len(box.ground_truth)
                 try:
-                    got = box.call(name, cases, timeout_s=c.timeout_s)
+                    got = box.call(name, cases, timeout_s=c.timeout_s, per_call_s=c.per_call_s)
                 except SandboxError as exc:
                     got = [{"error": str(exc)}] * len(cases)
                 a.inputs[name] = cases
@@ -321,7 +324,7 @@ def judge_all(run: Run) -> dict[str, Verdict]:
         if check is None:
             verdicts[cell] = Verdict(cell, 0.0, max_points, COMPUTED, f"no judge for {cell}: a fault of the course")
             continue
-        recorded = use_record and bool(check.measures)
+        recorded = use_record and bool(check.measures) and not check.always_live
         try:
             if recorded:
                 payload = {"values": run.record.get("answers", {}).get(cell, {}),
@@ -336,7 +339,7 @@ def judge_all(run: Run) -> dict[str, Verdict]:
     _calls(run, todo, answers, problems)
     for check in todo:
         cell, a, max_points = check.cell, answers[check.cell], run.points[check.cell]
-        recorded = use_record and bool(check.measures)
+        recorded = use_record and bool(check.measures) and not check.always_live
         mode = RECORD if recorded else (LIVE if check.measures else COMPUTED)
         ctx = run.record_context if recorded else run.live
         notes, message = [], ""

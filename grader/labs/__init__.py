@@ -26,7 +26,7 @@ REGISTRY = {
     "04_benchmarking_production": "benchmarking_production",
     "05_hardware_and_cost": "hardware_and_cost",
 }
-PRIVATE = ("judges", "reference", "harness")  # modules of a lab folder the student edition leaves out
+PRIVATE = ("judges", "reference", "harness", "rules")  # modules of a lab folder the student edition leaves out
 
 
 @dataclasses.dataclass(frozen=True)

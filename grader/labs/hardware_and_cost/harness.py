@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,7 @@ from utils.checkpoint import state_digests
 from utils.checkpointed_run import RunConfig, _set_determinism, build, train_step
 
 CHECKPOINT_FILE = "checkpoint.pt"
+NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's warning under warn_only determinism
 
 
 def partition_spec(*entries) -> PartitionSpec:
@@ -97,8 +99,9 @@ def _draws() -> dict:
 def resume(ns: dict, params: dict, clock) -> dict:
     """The resumed run, in a fresh process: the checkpoint the interrupted run left in
     ``params["run_dir"]`` (deleted once read), the learner's ``restore_rng_state``, the steps that remain; returns the
-    final state's digests, the step it resumed from, and which generators do not repeat their draws
-    after ``restore_rng_state(capture_rng_state())`` (taken after the digests)."""
+    final state's digests, the step it resumed from, which generators do not repeat their draws after
+    ``restore_rng_state(capture_rng_state())`` (taken after the digests), and the ops without a
+    deterministic kernel that warned on the way (the first suspects on a GPU)."""
     capture, restore = _learner(ns, "capture_rng_state"), _learner(ns, "restore_rng_state")
     cfg = RunConfig(**params["config"])
     _set_determinism(cfg)
@@ -115,10 +118,14 @@ def resume(ns: dict, params: dict, clock) -> dict:
     loader.load_state_dict(extra["loader"])
     start = int(extra["step"])
     restore(extra["rng"])
-    for step in range(start + 1, cfg.steps + 1):
-        train_step(model, opt, sched, loader.next_batch().to(cfg.device))
-        if _checkpoint_step(cfg, step):
-            pickle.dumps({"step": step, "rng": capture(), "loader": loader.state_dict(), "scheduler": sched.state_dict()})
+    with warnings.catch_warnings(record=True) as caught:  # warn_only determinism: ops without a deterministic kernel
+        warnings.simplefilter("always")
+        for step in range(start + 1, cfg.steps + 1):
+            train_step(model, opt, sched, loader.next_batch().to(cfg.device))
+            if _checkpoint_step(cfg, step):
+                pickle.dumps({"step": step, "rng": capture(), "loader": loader.state_dict(),
+                              "scheduler": sched.state_dict()})
+    ops = sorted({str(w.message).strip()[:200] for w in caught if NONDETERMINISTIC in str(w.message)})
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     final = {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate(), "numpy": np.random.get_state()}
     digests = state_digests(model, opt, sched, loader, final)
@@ -130,7 +137,8 @@ def resume(ns: dict, params: dict, clock) -> dict:
         round_trip = sorted(k for k in first if first[k] != again[k])
     except Exception as exc:  # the learner's functions raised: the judge says so
         round_trip = [f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]]
-    return {"resumed_from": start, "steps_run": cfg.steps - start, "digests": digests, "round_trip": round_trip}
+    return {"resumed_from": start, "steps_run": cfg.steps - start, "digests": digests, "round_trip": round_trip,
+            "nondeterministic_ops": ops}
 
 
 def sharded_case(ns: dict, x: list, w: list, mesh_shape: dict, x_spec: list, w_spec: list) -> dict:

@@ -52,6 +52,8 @@ from utils.units import gb_per_s, tflop_per_s
 
 ASSIGNMENT = "05_hardware_and_cost"
 CPU_TFLOPS_CAP = 50.0  # estimate: no CPU socket comes near 50 fp32 TFLOP/s, so a CPU figure above it is invented
+DECODE_BUDGET_S = 1.0  # utils.timing.benchmark's budget per decode timing (10 runs fit it on a CPU)
+XLA_BUDGET_S = 0.5  # and per jitted or eager run of the XLA layer (a fraction of a millisecond each)
 SAVE_FLOOR = 1.0  # +-100% at least for a checkpoint write or an XLA compile: disk and compiler times wander
 CODE = definitions.read_code()  # the course code the resumed run's reference runs on, read before any notebook ran
 _KEPT: dict = {}  # deterministic results (counts, weight bytes, the reference run), per setting
@@ -229,8 +231,8 @@ def _measure_decode(sizes, device: str, smoke: bool, slowdown: float) -> dict:
     for b in decode_batches(sizes):
         tpots, within = [], []
         for _ in range(REPEATS):
-            t1 = benchmark(generate, b, 1, warmup=1, max_runs=10, budget_s=2.0)
-            tn = benchmark(generate, b, n, warmup=1, max_runs=10, budget_s=2.0)
+            t1 = benchmark(generate, b, 1, warmup=1, max_runs=10, budget_s=DECODE_BUDGET_S)
+            tn = benchmark(generate, b, n, warmup=1, max_runs=10, budget_s=DECODE_BUDGET_S)
             tpot = (tn.median_ms - t1.median_ms) / (n - 1)
             tpots.append(tpot)
             if tpot > 0:
@@ -271,7 +273,7 @@ def _measure_xla(ctx, slowdown: float) -> dict:
         _KEPT[key] = (plain.compiles, bucketed.compiles)
     compile_ms, runs, eagers = [], [], []
     for _ in range(REPEATS):
-        t = xla.compile_vs_run(_layer, xs[-1], w)
+        t = xla.compile_vs_run(_layer, xs[-1], w, budget_s=XLA_BUDGET_S, max_runs=30)
         compile_ms.append(t["compile_ms"])
         runs.append(t["run"])
         eagers.append(t["eager"])
