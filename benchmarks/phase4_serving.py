@@ -69,7 +69,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from grader import phase4_records as R
+    from grader.labs.benchmarking_production import judges as R
     from utils import hardware, loadgen, nvml, serve
     from utils.env import phase_sizes
     from utils.units import gb_per_s
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     if not gpu and not a.smoke:
         print("error: no CUDA GPU visible; use --smoke for the CPU plumbing run", file=sys.stderr)
         return 2
-    sizes = phase_sizes(R.PHASE, None if gpu else "cpu")
+    sizes = phase_sizes("04_benchmarking_production", None if gpu else "cpu")
     cap_s = a.max_duration_s or sizes.max_duration_s
     device = "cuda" if gpu else "cpu"
     spec = hardware.current_spec() if gpu else hardware.CPU_SPEC

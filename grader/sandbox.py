@@ -89,23 +89,28 @@ def _tripwire(target: str, fd: int):
         mod = importlib.import_module(mod_name)
     except ImportError:
         return None
-    obj = mod
+    parent, obj = mod, mod
     for part in qual.split("."):
-        obj = getattr(obj, part, None)
-    fn = getattr(obj, "__func__", obj)
+        parent, obj = obj, (vars(obj).get(part) if isinstance(obj, type) else getattr(obj, part, None))
+    if obj is None:
+        return getattr(mod, "__file__", None)
+    prop = obj if isinstance(obj, property) else None
+    fn = getattr(prop.fget if prop else obj, "__func__", prop.fget if prop else obj)
     line = (SANDBOX_MARK + json.dumps({"ground_truth": target}) + "\n").encode()
     msg = (f"{mod_name}.{qual} is the course's implementation of the rule this cell asks you to write; "
            "it is not available while your answer is graded")
-    src = (f"def {fn.__name__ if hasattr(fn, '__name__') else 'tripwire'}(*args, **kwargs):\n"
+    src = (f"def {getattr(fn, '__name__', 'tripwire')}(*args, **kwargs):\n"
            f"    __import__('os').write({fd}, {line!r})\n"
            f"    raise __import__('grader.sandbox', fromlist=['GroundTruthError']).GroundTruthError({msg!r})\n")
     scope: dict = {}
     exec(compile(src, f"<tripwire {target}>", "exec"), scope)  # noqa: S102 - the grader's own text
     trip = next(v for v in scope.values() if callable(v))
     if hasattr(fn, "__code__") and not fn.__code__.co_freevars:
-        fn.__code__ = trip.__code__
-    else:  # a builtin or a closure: replace it where the module holds it
-        setattr(sys.modules[mod_name] if "." not in qual else obj, qual.rsplit(".", 1)[-1], trip)
+        fn.__code__ = trip.__code__  # every reference to it, anywhere, now calls the tripwire
+    elif prop is not None:
+        setattr(parent, qual.rsplit(".", 1)[-1], property(trip))
+    else:  # a builtin or a closure: replace it where its owner holds it
+        setattr(parent, qual.rsplit(".", 1)[-1], trip)
     return getattr(mod, "__file__", None)
 
 

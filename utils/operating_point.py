@@ -4,7 +4,7 @@ A load sweep's capacity is the highest offered rate at which enough requests mee
 SLO (:data:`MIN_GOOD_FRACTION`); the engine then operates at :data:`HEADROOM` of it, room for
 the bursts of a Poisson arrival process. Candidates within :data:`CHOICE_TIE` of the best
 goodput at that rate tie. These are course conventions, not measured figures; the notebook
-states them and the grader applies the same ones (``grader/phase4_records.py``).
+states them and the grader applies the same ones (``grader/labs/benchmarking_production/judges.py``).
 """
 from __future__ import annotations
 

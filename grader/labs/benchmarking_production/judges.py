@@ -13,14 +13,15 @@ because what they run is the learner's workload at the learner's operating rate 
 - ``test_workload``: ``WORKLOAD``'s fields against the course's rules for this tier, and the sweep
   (every summary recomputed from its own requests, every step the one ``utils.loadgen.sweep``
   runs there, its rates where it puts them), its SLOs against the unloaded latency the learner's
-  own runs show; those runs no faster than the grader's own engine one request at a time.
+  own runs show; those runs no faster than the grader's own engine one request at a time (from a
+  record: than the card can read the weights once per token).
 - ``test_capacity``: ``capacity_rate`` on sweeps drawn from the seed, and ``CAPACITY`` and
   ``OPERATING_RATE`` by the rule on the learner's sweep.
 - ``test_goodput``: the operating run consistent and of ``WORKLOAD`` at ``OPERATING_RATE``; then
   the grader's own engine runs the same load three times (``reference.py``) and the learner's
   goodput and p95 must fall in the band of those runs' spread. A run that did not keep up is
-  treated as before (``_you_queued``, ``_overloaded``): never failed on, but a run faster than the
-  engine one request at a time fails.
+  treated as before (``_you_queued``, and Unusable when the grader's own runs queue): never failed
+  on, but a run faster than the engine one request at a time fails.
 - ``test_choice``: the candidates consistent and of the same load; the engine's own candidate
   against the grader's runs (shared with ``test_goodput``); ``CHOICE`` by the rule on the
   learner's rows.
@@ -375,7 +376,7 @@ def reference_choice(rows: dict) -> str:
 
 def percentile(a, ref):
     want = [float(np.percentile(v, p)) for v, p in a.inputs["percentile"]]
-    return [cases(a.calls["percentile"], want, "percentile", PERCENTILE_RULE, approx(1e-9, 1e-12))]
+    return [cases(a.calls["percentile"], want, "percentile", PERCENTILE_RULE, approx(1e-9, 1e-9))]
 
 
 def _metrics_differ(got, want: dict) -> str:
@@ -514,10 +515,10 @@ def time_slicing(a, ref):
 # -- a load test's result: consistent with its own requests, and the load it claims -----------------------
 
 def _recompute(run: dict) -> dict:
+    """The run's summary from its own requests, with its workload's SLOs (as ``utils.loadgen.run`` does)."""
     w = run["workload"]
-    slo = (run.get("goodput") or {}).get("slo_ms")
     return summarize([RequestRecord.from_dict(r) for r in run["requests"]], duration_s=run["duration_s"],
-                     slo=slo or None, concurrency=w["concurrency"], request_rate=w["request_rate"])
+                     slo=w["slo_ms"] or None, concurrency=w["concurrency"], request_rate=w["request_rate"])
 
 
 def consistent(run: dict, what: str) -> None:
@@ -547,7 +548,8 @@ def consistent(run: dict, what: str) -> None:
             if (x is None) != (y is None) or (x is not None and not math.isclose(x, y, rel_tol=1e-6, abs_tol=TRACE_TOL_MS)):
                 raise Fail(f"{what}['{m}']['{k}'] = {x} but its requests give {y}: edited results")
     g1, g2 = run.get("goodput"), again.get("goodput")
-    if (g1 is None) != (g2 is None) or (g1 and g1["good_requests"] != g2["good_requests"]):
+    if (g1 is None) != (g2 is None) or (g1 and (g1["good_requests"] != g2["good_requests"]
+                                                 or g1["slo_ms"] != run["workload"]["slo_ms"])):
         raise Fail(f"{what}: its goodput does not follow from its requests and SLOs: edited results")
     if g1:
         close(g1["request_goodput"], g2["request_goodput"], f"{what}['goodput']['request_goodput']",
@@ -664,44 +666,57 @@ def operating_run_ok(run: dict, desc: dict, rate: float, what: str = "operating"
         raise Fail(f"{what} has no goodput: run WORKLOAD, whose slo_ms sets the SLOs")
 
 
-def tpot_plausible(run: dict, weight_bytes: int, spec, what: str) -> str:
-    """Every decode step reads all the weights: no request's TPOT beats the weights' bytes over the
-    datasheet bandwidth (batched requests share a step, they do not shorten it)."""
-    floor_ms = transfer_ms(weight_bytes, spec.bandwidth_gbs)
-    fastest = run["tpot_ms"]["min"] if run["tpot_ms"]["min"] is not None else run["tpot_ms"]["p50"]
-    if fastest is not None and fastest * expect.DATASHEET_SLACK < floor_ms:
-        raise Fail(f"{what}: a TPOT of {fastest:.4g} ms reads {weight_bytes / 1e9:.3g} GB of weights at "
-                   f"{weight_bytes / fastest / 1e6:.4g} GB/s, above the {spec.name} datasheet bandwidth "
+def plausible(run: dict, weight_bytes: int, spec, what: str) -> str:
+    """Every decode step reads all the weights: no request of n tokens ends sooner than n - 1 reads of
+    the weights' bytes at the datasheet bandwidth after it was sent (batched requests share a step,
+    they do not shorten it; E2E latency, which no chunking of the stream can shorten, not TPOT)."""
+    step_ms = transfer_ms(weight_bytes, spec.bandwidth_gbs)
+    worst, ratio = None, math.inf
+    for r in run["requests"]:
+        if r["ok"] and r["e2el_s"] is not None and r["output_tokens"] >= 2:
+            need = (r["output_tokens"] - 1) * step_ms
+            if r["e2el_s"] * 1e3 / need < ratio:
+                worst, ratio = r, r["e2el_s"] * 1e3 / need
+    if worst is None:
+        return f"{what}: no request of two tokens or more to check against the datasheet"
+    n, ms = worst["output_tokens"], worst["e2el_s"] * 1e3
+    if ratio * expect.DATASHEET_SLACK < 1:
+        raise Fail(f"{what}: a request of {n} tokens in {ms:.4g} ms read {weight_bytes / 1e9:.3g} GB of weights {n - 1} "
+                   f"times at {(n - 1) * weight_bytes / ms / 1e6:.4g} GB/s, above the {spec.name} datasheet bandwidth "
                    f"({spec.bandwidth_gbs:g} GB/s): not physically possible")
-    if fastest is None:
-        return f"{what}: no TPOT to check (no request of two tokens or more)"
-    return f"{what}: fastest TPOT {fastest:.4g} ms, at least the {floor_ms:.3g} ms the {spec.name} needs to read the weights"
+    return (f"{what}: its fastest request ({n} tokens in {ms:.4g} ms) is no faster than the {spec.name} reads the "
+            f"weights {n - 1} times ({(n - 1) * step_ms:.4g} ms)")
 
 
 # -- the grader's own runs at the operating rate ----------------------------------------------------------
 
 def _not_faster_than_the_engine(run: dict, desc: dict, ref, what: str) -> str:
-    """The learner's run's TPOT p50 against the engine's own speed, one request at a time, which a
-    loaded CPU slows by a bounded factor only: a made-up fast run fails here."""
-    yours = run["tpot_ms"]["p50"]
-    mine = expect.usable(ref.engine_tpot_ms(desc), "TPOT p50 one request at a time", "ms")
+    """The learner's run's E2E latency p50 against the engine's own, one request at a time: no request
+    finishes sooner under load than alone, and a loaded CPU slows the engine by a bounded factor
+    only, so a made-up fast run fails here. (E2E latency, not TPOT: an engine that falls behind its
+    stream sends a request's tokens in one chunk and its TPOT reads 0; its end is not moved.)"""
+    yours = run["e2el_ms"]["p50"]
+    if yours is None:
+        return f"no request of {what} finished: nothing to compare with the engine's speed"
+    mine = expect.usable(ref.engine_e2el_ms(desc), "E2E latency p50 one request at a time", "ms")
     lowest = mine / (1 + expect.LOAD_CAP[ref.ctx.smoke])
     if yours < lowest:
-        raise Fail(f"{what}'s TPOT p50 = {yours:.4g} ms, but the grader measured {mine:.4g} ms for its own engine, one "
-                   f"request at a time; at least {lowest:.4g} ms accepted: faster than the engine")
-    return (f"the engine's own TPOT p50, one request at a time: grader {mine:.4g} ms, {what}'s {yours:.4g} ms (at least "
-            f"{lowest:.4g} ms)")
+        raise Fail(f"{what}'s E2E latency p50 = {yours:.4g} ms, but the grader measured {mine:.4g} ms for its own engine, "
+                   f"one request at a time; at least {lowest:.4g} ms accepted: faster than the engine")
+    return (f"the engine's own E2E latency p50, one request at a time: grader {mine:.4g} ms, {what}'s {yours:.4g} ms "
+            f"(at least {lowest:.4g} ms)")
 
 
 def _you_queued(run: dict, desc: dict, ref, what: str) -> list[str]:
     """The learner's own run at the operating rate had no request within every SLO. That run was
     measured in the very execution being graded, on the grading machine: a goodput of 0 is that
     machine's load at that moment (the engine queued), never a wrong answer, and a made-up zero gains
-    nothing. So nothing is compared but the run's TPOT, and the feedback says what the zero means."""
+    nothing. So nothing is compared but the run's speed against the engine's alone, and the feedback
+    says what the zero means."""
     lines = []
-    if run["tpot_ms"]["p50"] is not None:  # None: not one request finished, nothing to time
+    if run["e2el_ms"]["p50"] is not None:  # None: not one request finished, nothing to time
         lines.append(_not_faster_than_the_engine(run, desc, ref, what) if ref.live else
-                     f"{what}: TPOT p50 {run['tpot_ms']['p50']:.4g} ms as recorded (not re-measured)")
+                     f"{what}: E2E latency p50 {run['e2el_ms']['p50']:.4g} ms as recorded (not re-measured)")
     slo = run["goodput"]["slo_ms"]
     p95 = {k: run[f"{k}_ms"]["p95"] for k in slo if f"{k}_ms" in run}
     missed = ", ".join(f"{k.upper()} p95 {p95[k]:.4g} ms against {slo[k]:.4g} ms" for k in slo
@@ -747,14 +762,11 @@ def workload(a, ref):
     slo = ", ".join(f"{k} {desc['slo_ms'][k]:.4g}" for k in SLO_KEYS)
     lines = [f"SLOs {slo} ms; unloaded p50s "
              f"{', '.join(f'{k} {v:.4g}' for k, v in zip(SLO_KEYS, lows, strict=True))} ms"]
-    unloaded = (("the sweep's synchronous step", a.sweep_result["runs"][0]), ("first", a.first))
-    for what, run in unloaded:
-        if run["tpot_ms"]["p50"] is None:
-            continue  # no request of two tokens or more: nothing to time
+    for what, run in (("the sweep's synchronous step", a.sweep_result["runs"][0]), ("first", a.first)):
         if ref.live:
             lines.append(_not_faster_than_the_engine(run, desc, ref, what))
         elif ref.weight_bytes and ctx.spec:
-            lines.append(tpot_plausible(run, ref.weight_bytes, ctx.spec, what))
+            lines.append(plausible(run, ref.weight_bytes, ctx.spec, what))
     return lines
 
 
@@ -774,7 +786,7 @@ def goodput(a, ref):
               "operating['e2el_ms']['p95']", rel=1e-9)
     lines = []
     if not ref.live and ref.weight_bytes and ref.ctx.spec:
-        lines.append(tpot_plausible(run, ref.weight_bytes, ref.ctx.spec, "operating"))
+        lines.append(plausible(run, ref.weight_bytes, ref.ctx.spec, "operating"))
     return against_the_graders_runs(run, desc, rate, ref, "operating", "goodput_rps", "p95_e2el_ms") + lines
 
 

@@ -16,8 +16,8 @@ for the grading process (it is not a measurement): a retry reruns the loads, not
 :func:`close` stops it (tests; a grading worker stops it when it exits).
 
 :func:`from_record` (provisional) has no engine: the judges' comparisons become notes, and what a
-record is checked against is the datasheet (a TPOT no faster than reading the model's weights at
-the card's bandwidth; the weights' bytes counted here from the lab's model).
+record is checked against is the datasheet (no request faster than reading the model's weights
+once per output token at the card's bandwidth; the weights' bytes counted here from the lab's model).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from utils import loadgen, serve
 from utils.models import preset_config
 
 RERUNS = 3  # the grader's runs at the operating rate, per comparison: the band is 3x their spread
-SYNC_REQUESTS = 4  # the grader's requests one at a time, where its TPOT is the engine's own speed
+SYNC_REQUESTS = 4  # the grader's requests one at a time, where their latency is the engine's own speed
 GPU_WEIGHT_BYTES = 2  # the lab's engines serve bf16 or fp16 on a GPU (utils.model_dir.default_dtype)
 _ENGINES: dict = {}  # (engine, device, preset) -> the running Server, or the error its start raised
 _WARM: set = set()  # engines that have had their warm-up burst
@@ -75,7 +75,8 @@ class Reference:
                 "timeout_s", "max_duration_s", "slo_ms")
         fields = {k: desc[k] for k in keep}
         fields.update(self.server.workload_fields())  # base_url, model, tokenizer, and what fixes the output length
-        return loadgen.Workload(**fields, probe=False, **change)
+        fields.update(probe=False, **change)
+        return loadgen.Workload(**fields)
 
     def _warm(self, desc: dict) -> None:
         if id(self.server) not in _WARM:
@@ -94,15 +95,17 @@ class Reference:
                 [math.nan if r["e2el_ms"]["p95"] is None else float(r["e2el_ms"]["p95"]) for r in runs])
         return self.cache[key]
 
-    def engine_tpot_ms(self, desc: dict) -> float:
-        """The engine's TPOT p50 (ms) one request at a time, for the workload's prompt and output
-        lengths: no queue, so its own speed (NaN if none finished)."""
+    def engine_e2el_ms(self, desc: dict) -> float:
+        """The engine's E2E latency p50 (ms) one request at a time, for the workload's prompt and
+        output lengths: no queue, so its own speed (NaN if none finished). E2E latency, not TPOT:
+        an engine that falls behind its stream sends a request's tokens in one chunk, and its TPOT
+        then reads 0 (seen with vLLM's CPU build on a loaded machine); a request's end is not moved."""
         key = ("sync", _key(desc))
         if key not in self.cache:
             self._warm(desc)
             r = _run(self._workload(desc, concurrency=1, request_rate=math.inf, num_requests=SYNC_REQUESTS),
                      "grader, synchronous")
-            p50 = r["tpot_ms"]["p50"]
+            p50 = r["e2el_ms"]["p50"]
             self.cache[key] = math.nan if p50 is None else float(p50)
         return self.cache[key]
 
@@ -151,7 +154,7 @@ def close() -> None:
 def measure(ctx, needs: frozenset, slowdown: float, cache: dict) -> Reference:
     """The grader's reference for a check that ``needs`` ``"engine"``: the grader's engine, started
     now if it is not up; its load runs are taken when a judge asks (:meth:`Reference.operating`,
-    :meth:`Reference.engine_tpot_ms`), into ``cache``."""
+    :meth:`Reference.engine_e2el_ms`), into ``cache``."""
     server = engine(ctx) if "engine" in needs else None
     return Reference(ctx, True, slowdown, server, cache)
 
