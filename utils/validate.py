@@ -2,13 +2,19 @@
 the argument and the value, so a learner sees what to fix instead of a NaN downstream.
 
 A number is a finite real (``int``, ``float``, NumPy scalars), never a ``bool``. ``error``
-lets a module raise its own ``ValueError`` subclass (``utils.kvcache.KVConfigError``) with
-the same message.
+lets a module raise its own ``ValueError`` subclass (:class:`KVConfigError`, which the KV-cache
+modules share) with the same message.
 """
 from __future__ import annotations
 
 import math
 import numbers
+
+
+class KVConfigError(ValueError):
+    """A config or a number the KV-cache calculator cannot use (``utils.kvcache``,
+    ``utils.vllm_releases``, ``utils.vllm_kv``, the engine log parsers); the message says what
+    to fix. Defined here, below all of them, so none imports another for it."""
 
 
 def _is_number(value: object) -> bool:

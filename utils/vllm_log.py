@@ -7,7 +7,7 @@ device type upper-cased otherwise (``CPU``, ``XPU``, ...) from 0.30; `` + host``
 a host (hisparse) pool from 0.32 (``_kv_cache_device_name``). The CPU build takes its KV
 space from ``VLLM_CPU_KVCACHE_SPACE`` (GiB) or ``--kv-cache-memory-bytes`` instead of a
 profiling run and logs it per worker (``Explicitly set (X/Y) GiB for KV cache on node K.``
-from 0.20, ``cpu_worker.py``); its default block size is :func:`utils.vllm_kv.vllm_cpu_default_block_size`
+from 0.20, ``cpu_worker.py``); its default block size is :func:`utils.vllm_releases.vllm_cpu_default_block_size`
 (128 for most models from 0.12).
 
 How each logged number is derived: ``utils/vllm_kv.py``; the engine's facts from its log
@@ -63,6 +63,8 @@ _PATTERNS = {  # field -> (literal every match contains, to skip lines cheaply; 
     "forced_bs": (("overriding user-specified block_size", re.compile(
         r"requires block_size=(\d+), overriding user-specified block_size=(\d+)")),),
     "bad_bs": (("No common block size", re.compile(r"No common block size for (\d+) \(")),),
+    "batched": (("max_num_batched_tokens=", re.compile(r"Chunked prefill is enabled with max_num_batched_tokens="
+                                                        + _NUM)),),
     "version": (("LLM engine (v", re.compile(r"LLM engine \(v(\d+\.\d+[\w.+-]*)\)")),
                 ("version", re.compile(r"(?:vLLM API server version |█\s+version\s+)(\d+\.\d+[\w.+-]*)"))),
 }
@@ -89,7 +91,10 @@ class VllmLogSummary:
     defaults ``VLLM_CPU_KVCACHE_SPACE not set. Using X GiB for KV cache.`` (0.13 to 0.19) and
     ``... is not set, using 4 by default.`` (to 0.12; how ``"default"``, node and Y None).
     ``cpu_kv_short_gib``: (available, requested) of the ``Available memory on node K (A/T
-    GiB) on kv cache allocation is less than requested memory for kv (R GiB)`` error."""
+    GiB) on kv cache allocation is less than requested memory for kv (R GiB)`` error.
+    ``max_num_batched_tokens``: the scheduler's token budget from ``Chunked prefill is enabled
+    with max_num_batched_tokens=N`` (``vllm/config/scheduler.py``), which sizes sliding-window
+    and chunked layers (:func:`utils.vllm_releases.vllm_in_flight_tokens`)."""
 
     available_kv_gib: tuple[float, ...] = ()
     gpu_blocks: tuple[int, ...] = ()
@@ -116,6 +121,7 @@ class VllmLogSummary:
     forced_block_size: tuple[tuple[int, int], ...] = ()  # (forced, user's): CPU MLA 16, DeepSeek-V4 256
     unsupported_block_size: tuple[int, ...] = ()  # "No common block size for 16 (...)" error
     vllm_version: tuple[str, ...] = ()  # "engine (v0.32.0)", "API server version", the banner
+    max_num_batched_tokens: tuple[int, ...] = ()  # "Chunked prefill is enabled with max_num_batched_tokens=N"
 
     @property
     def min_available_kv_gib(self) -> float | None:
@@ -143,7 +149,7 @@ class VllmLogSummary:
 _FIELDS = {"avail": "available_kv_gib", "gpu": "gpu_blocks", "tokens": "kv_cache_tokens", "conc": "concurrency",
            "needed": "kv_needed_gib", "est": "estimated_max_model_len", "maxtok": "max_tokens_in_kv_cache",
            "dtype": "kv_cache_dtype", "lcm_bs": "scheduler_block_size", "bad_bs": "unsupported_block_size",
-           "version": "vllm_version"}
+           "version": "vllm_version", "batched": "max_num_batched_tokens"}
 
 
 def parse_vllm_log(text: str | bytes) -> VllmLogSummary:

