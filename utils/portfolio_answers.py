@@ -1,34 +1,25 @@
-"""The learner's own answers in a lab notebook, for ``python -m utils.portfolio``.
+"""A lab notebook as ``python -m grader report`` reads it: its exercises' titles and the
+learner's written answers.
 
+An exercise's title is the heading above its cells (``### Exercise: the matmul, your compute
+ceiling``): the README names exercises as the learner sees them, never by the grader's cell ids.
 An answer cell is one nbgrader marks ``solution: true`` in its metadata (the source notebooks
-under ``grader/source/`` mark them so; https://nbgrader.readthedocs.io/en/stable/user_guide/creating_and_grading_assignments.html).
+under ``grader/source/`` mark them so;
+https://nbgrader.readthedocs.io/en/stable/user_guide/creating_and_grading_assignments.html).
 Released, an unanswered cell still holds the stub ``grader/nbgrader_config.py`` puts there:
 ``YOUR ANSWER HERE`` (Markdown) or ``# YOUR CODE HERE`` / ``raise NotImplementedError()``
-(code). A Markdown answer is prose, quoted as written; in a code answer the string answers are
-the assignments of a string (``LIMITER = "compute"``, a dict of strings such as ``CHOICE``) and
-the answer names each lab asks for, which the record may hold as the run computed them.
+(code). A Markdown answer (a write-up) is quoted as written.
 """
 from __future__ import annotations
 
-import ast
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 TEXT_STUB = "YOUR ANSWER HERE"
 CODE_STUB = ("YOUR CODE HERE", "raise NotImplementedError()")
-
-# The string answers each lab asks for by name (the reference answers in grader/source/):
-# a learner may compute them, so they are looked for whatever the right-hand side is.
-STRING_ANSWERS = {
-    "00_foundations": ("LIMITER",),
-    "01_single_gpu": ("BOTTLENECK", "FIRST_FIX", "CAUSE"),
-    "02_multi_gpu": ("EXPLANATION",),
-    "03_inference_serving": (),
-    "04_benchmarking_production": ("CHOICE",),
-    "05_hardware_and_cost": (),
-}
+_POINTS = re.compile(r"\s*\([^()]*\bpoints?\b[^()]*\)\s*$")  # "(2 points, graded by your instructor)"
 
 
 @dataclass
@@ -36,10 +27,8 @@ class Answer:
     grade_id: str
     cell_type: str  # "markdown" or "code"
     answered: bool
+    title: str  # the exercise it belongs to, as the notebook heads it
     prose: str = ""  # a Markdown answer, as written
-    statements: list[str] = field(default_factory=list)  # string-answer assignments, verbatim
-    names: list[str] = field(default_factory=list)  # the answer names those assign
-    printed: str = ""  # the cell's saved stdout, when the notebook was run
 
 
 def source(cell: dict) -> str:
@@ -49,7 +38,7 @@ def source(cell: dict) -> str:
 
 
 def grade_id(cell: dict) -> str | None:
-    return (cell.get("metadata") or {}).get("nbgrader", {}).get("grade_id")
+    return ((cell.get("metadata") or {}).get("nbgrader") or {}).get("grade_id")
 
 
 def load_notebook(path: Path) -> dict:
@@ -59,76 +48,46 @@ def load_notebook(path: Path) -> dict:
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not a notebook (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not a notebook ({exc.msg} at line {exc.lineno})") from None
+        raise ValueError(f"{path} is not a notebook ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError(f"{path} is not a notebook (no list of cells)")
     return nb
 
 
-def _stdout(cell: dict) -> str:
-    return "".join("".join(o["text"]) if isinstance(o.get("text"), list) else str(o.get("text", ""))
-                   for o in cell.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stdout")
+def heading(text: str) -> str:
+    """A Markdown heading's words: no ``#``, no trailing "(2 points, graded by your instructor)"."""
+    return _POINTS.sub("", text.lstrip("#").strip()).strip()
 
 
-def _is_string(node: ast.AST) -> bool:
-    """A string constant, an f-string, or a dict literal one of whose values is one."""
-    if isinstance(node, (ast.JoinedStr,)) or (isinstance(node, ast.Constant) and isinstance(node.value, str)):
-        return True
-    return isinstance(node, ast.Dict) and any(v is not None and _is_string(v) for v in node.values)
+def title(nb: dict) -> str | None:
+    """The notebook's first ``# `` heading."""
+    for c in nb["cells"]:
+        if c.get("cell_type") == "markdown":
+            for line in source(c).splitlines():
+                if line.startswith("# "):
+                    return heading(line)
+    return None
 
 
-def _assigned(node: ast.AST) -> list[str]:
-    names = []
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    for t in targets:
-        for n in ast.walk(t):
-            if isinstance(n, ast.Name):
-                names.append(n.id)
-    return names
+def exercise_titles(nb: dict) -> dict[str, str]:
+    """``{grade_id: title}`` of every cell with a grade id: the last heading (``##`` or deeper)
+    above it, or in it (a Markdown cell that opens with its own heading)."""
+    out, current = {}, ""
+    for c in nb["cells"]:
+        if c.get("cell_type") == "markdown":
+            for line in source(c).splitlines():
+                if line.startswith("##"):
+                    current = heading(line)
+        gid = grade_id(c)
+        if gid:
+            out[gid] = current or gid
+    return out
 
 
-def string_statements(code: str, wanted: tuple[str, ...] = ()) -> list[tuple[str, list[str]]]:
-    """``(statement as written, names)`` for each top-level statement (outside a function or
-    class) that gives an upper-case name a string (or a dict holding one), or that assigns one
-    of ``wanted`` whatever its value: an ``if`` that picks the string is quoted whole, so the
-    rule the learner wrote shows with it. Code that does not parse has none."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return []
-
-    def matches(node: ast.stmt) -> list[str]:
-        names: list[str] = []
-        stack = [node]
-        while stack:
-            n = stack.pop(0)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                continue
-            if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
-                got = _assigned(n)
-                if any(g in wanted for g in got) or (_is_string(n.value) and any(g.isupper() for g in got)):
-                    names += [g for g in got if g not in names]
-            for attr in ("body", "orelse", "finalbody"):
-                inner = getattr(n, attr, None)
-                if isinstance(inner, list):
-                    stack.extend(x for x in inner if isinstance(x, ast.stmt))
-            for handler in getattr(n, "handlers", None) or []:
-                stack.extend(handler.body)
-        return names
-
-    found, lines = [], code.splitlines()
-    for node in tree.body:
-        names = matches(node)
-        if names:  # whole lines, so a comment the learner put beside it stays
-            found.append(("\n".join(lines[node.lineno - 1:node.end_lineno]), names))
-    return found
-
-
-def answers(nb: dict, assignment: str) -> list[Answer]:
-    """Every answer cell of ``nb``: whether it was answered, its prose (Markdown) or its string
-    answers (code), in notebook order. Code answers without a string answer are left out
-    unless unanswered."""
-    wanted = STRING_ANSWERS.get(assignment, ())
+def answers(nb: dict) -> list[Answer]:
+    """Every answer cell of ``nb`` in notebook order: whether it was answered, and a Markdown
+    answer's prose."""
+    titles = exercise_titles(nb)
     out = []
     for c in nb["cells"]:
         meta = (c.get("metadata") or {}).get("nbgrader") or {}
@@ -137,31 +96,8 @@ def answers(nb: dict, assignment: str) -> list[Answer]:
         text, gid = source(c), grade_id(c) or "(no grade_id)"
         if c.get("cell_type") == "markdown":
             answered = bool(text.strip()) and TEXT_STUB not in text
-            out.append(Answer(gid, "markdown", answered, prose=text.strip() if answered else ""))
-            continue
-        answered = bool(text.strip()) and not all(s in text for s in CODE_STUB)
-        if not answered:
-            out.append(Answer(gid, "code", False))
-            continue
-        stmts = string_statements(text, wanted)
-        if stmts:
-            names = list(dict.fromkeys(n for _, ns in stmts for n in ns if n.isupper() or n in wanted))
-            out.append(Answer(gid, "code", True, statements=[s for s, _ in stmts], names=names,
-                              printed=_stdout(c).strip()))
+            out.append(Answer(gid, "markdown", answered, titles.get(gid, gid), text.strip() if answered else ""))
+        else:
+            answered = bool(text.strip()) and not all(s in text for s in CODE_STUB)
+            out.append(Answer(gid, "code", answered, titles.get(gid, gid)))
     return out
-
-
-def recorded(name: str, data: Any) -> Any:
-    """The value the record holds for the answer ``name`` (``LIMITER`` -> an extra ``limiter``),
-    searched breadth-first through the measurements' extras; ``None`` when it has none."""
-    key = name.lower()
-    stack = [data]
-    while stack:
-        d = stack.pop(0)
-        if isinstance(d, dict):
-            if key in d and d[key] is not None:
-                return d[key]
-            stack.extend(v for v in d.values() if isinstance(v, (dict, list)))
-        elif isinstance(d, list):
-            stack.extend(v for v in d if isinstance(v, (dict, list)))
-    return None

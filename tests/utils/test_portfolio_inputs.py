@@ -1,130 +1,106 @@
-"""``python -m utils.portfolio RECORD`` (and ``python -m grader report RECORD``): a README from
-the measurement record alone, ``utils/portfolio_inputs.py``'s ``load``.
-
-Rendered for the same records as tests/utils/test_portfolio.py (the smoke records of
-tests/data/records/ and the GPU records under benchmarks/results/) and held to the same rule:
-every number in the README is the record's as ``num`` prints it (``invented``). Given a record,
-the lab is the one its measurements name, the notebook beside it gives the answers (the README
-is then the one the notebook gives), and without one the answers are those the record holds.
-Bad input is one line and exit status 2, from this module and from ``python -m grader report``.
-"""
+"""``python -m grader report``'s inputs: which lab, record and notebook a README is written from,
+and the one line (exit status 2) when the input is wrong. Records are built in code
+(``tests/portfolio_records.py``); the notebooks are copies of the released ones."""
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.utils.test_portfolio import CASES, IDS, LINK, PNG_MAGIC, SMOKE_RECORDS, invented, reference_notebook
+from tests import portfolio_records as R
 from utils import portfolio
-from utils.portfolio_answers import STRING_ANSWERS, recorded
 
 ROOT = Path(__file__).resolve().parents[2]
-NO_NOTEBOOK = {"cells": []}  # the README of a record alone quotes nothing from a notebook
-ALONE = "No notebook beside the record, so only the answers the record holds are shown"
+V1_RECORD = ROOT / "benchmarks" / "results" / "h200-phase0-graded" / "2026-11-30" / "00_foundations.record.json"
 
 
-@pytest.fixture(scope="module")
-def from_records(tmp_path_factory) -> dict[str, tuple[str, Path]]:
-    """``{case id: (README text, its folder)}``, each written from the record's path alone."""
-    out = {}
-    for (_, record), cid in zip(CASES, IDS, strict=True):
-        folder = tmp_path_factory.mktemp(cid.replace("/", "_"))
-        out[cid] = (portfolio.build(record, folder).read_text(), folder)
-    return out
-
-
-@pytest.mark.parametrize(("lab", "record"), CASES, ids=IDS)
-def test_a_record_alone_makes_the_readme(from_records, lab, record):
-    readme, folder = from_records[IDS[CASES.index((lab, record))]]
-    data = json.loads(record.read_text())
-    bad = invented(readme, data, NO_NOTEBOOK)
-    assert not bad, f"{len(bad)} numbers not from the record: {bad[:8]}"
-    assert f"Lab `{lab}` of the GPU Utilization Roadmap" in readme, "the lab is the one the record's names make"
-    for name, m in data["measurements"].items():
-        assert f"| {name} | {portfolio.num(m['value'])} | {m['unit']} |" in readme
-    assert (portfolio.SMOKE_LINE in readme) == (data["fingerprint"].get("kind") != "gpu")
-    links = LINK.findall(readme)
-    assert links, f"{lab}: the record has data for a plot"
-    assert sorted(p.name for p in folder.glob("*.png")) == sorted(links)
-    assert all((folder / link).read_bytes()[:8] == PNG_MAGIC for link in links)
-    assert ALONE in readme
-    extras = {k: m["extra"] for k, m in data["measurements"].items()}
-    for name in STRING_ANSWERS[lab]:
-        assert (f"- `{name}` as the run recorded it: " in readme) == (recorded(name, extras) is not None), name
-
-
-def test_the_smoke_file_name_alone_makes_a_smoke_readme(tmp_path):
-    """A record named ``<assignment>.smoke.record.json`` is a smoke record, in one line at the top."""
-    gpu = next(p for _, p in CASES if p.name == "00_foundations.record.json" and "benchmarks" in p.parts)
-    smoke = tmp_path / "00_foundations.smoke.record.json"
-    shutil.copy(gpu, smoke)
-    readme = portfolio.build(smoke, tmp_path / "out").read_text()
-    assert readme.splitlines()[2] == portfolio.SMOKE_LINE and readme.count(portfolio.SMOKE_LINE) == 1
-    assert portfolio.SMOKE_LINE not in portfolio.build(gpu, tmp_path / "gpu").read_text()
-
-
-@pytest.mark.parametrize("lab", ["00_foundations", "04_benchmarking_production"])
-def test_the_notebook_beside_the_record_gives_the_answers(tmp_path, lab):
-    """Given the record with the notebook beside it, the README is the one the notebook gives."""
-    work = tmp_path / "work"
-    work.mkdir()
-    shutil.copy(SMOKE_RECORDS[lab], work / f"{lab}.smoke.record.json")
-    (work / f"{lab}.ipynb").write_text(json.dumps(reference_notebook(lab)))
-    from_record = portfolio.build(work / f"{lab}.smoke.record.json", tmp_path / "a").read_text()
-    from_notebook = portfolio.build(work / f"{lab}.ipynb", tmp_path / "b").read_text()
-    assert from_record == from_notebook
-    assert ALONE not in from_record and f"the answers those of the notebook `{lab}.ipynb`" in from_record
+@pytest.fixture
+def lab00(tmp_path, monkeypatch) -> Path:
+    """Lab 00's H200 record in a folder of its own."""
+    return R.write("00_foundations", tmp_path / "lab" / "00_foundations.record.json", R.namespace("00_foundations"),
+                   R.H200, monkeypatch)
 
 
 def _run(capsys, *args: object) -> tuple[int, list[str]]:
-    code = portfolio.main([str(a) for a in args])
-    return code, capsys.readouterr().err.splitlines()
+    rc = portfolio.main([str(a) for a in args])
+    cap = capsys.readouterr()
+    return rc, cap.err.strip().splitlines()
 
 
-def test_bad_records_are_one_line(tmp_path, capsys):
-    data = json.loads(SMOKE_RECORDS["00_foundations"].read_text())
-    text = tmp_path / "notes.txt"
-    text.write_text("tokens/s were good\n")
-    other = tmp_path / "other.json"
-    other.write_text(json.dumps({"schema": "other/1", "measurements": {}}))
-    unknown = tmp_path / "unknown.record.json"
-    unknown.write_text(json.dumps({**data, "measurements": {"fps": {"name": "fps", "value": 60.0, "unit": "1/s"}}}))
-    mismatched = tmp_path / "mismatched"
-    mismatched.mkdir()
-    shutil.copy(SMOKE_RECORDS["01_single_gpu"], mismatched / "01_single_gpu.record.json")
-    (mismatched / "01_single_gpu.ipynb").write_text(json.dumps(reference_notebook("00_foundations")))
-    alone_nb = tmp_path / "alone" / "02_multi_gpu.ipynb"
-    alone_nb.parent.mkdir()
-    alone_nb.write_text(json.dumps(reference_notebook("02_multi_gpu")))
-    cases = {
-        "no measurement record at": (tmp_path / "missing.record.json",),
-        "(a folder)": (tmp_path,),
-        "is not valid JSON": (text,),
-        "not a measurement record (expected schema": (other,),
-        "a record of no lab of this course": (unknown,),
-        "is already the record": (SMOKE_RECORDS["00_foundations"], "--record", SMOKE_RECORDS["00_foundations"]),
-        "a record of lab 01_single_gpu": (mismatched / "01_single_gpu.record.json",),
-        "no measurement record beside": (alone_nb,),
-    }
+def test_bad_input_is_one_line(lab00, tmp_path, capsys):
+    notebook = tmp_path / "00_foundations.ipynb"
+    shutil.copy(ROOT / "notebooks" / "00_foundations.ipynb", notebook)
     out = tmp_path / "out"
-    for expect, args in cases.items():
-        code, err = _run(capsys, *args, "--out", out)
-        assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and expect in err[0], (expect, err)
-        assert "Traceback" not in err[0]
-    assert not out.exists(), "bad input writes nothing"
+    not_json = tmp_path / "x.record.json"
+    not_json.write_text("{ not json")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "something/1"}))
+    unknown = tmp_path / "unknown.record.json"
+    unknown.write_text(json.dumps(dict(json.loads(lab00.read_text()), assignment="07_quantum")))
+    lab01 = tmp_path / "01.record.json"
+    lab01.write_text(json.dumps(dict(json.loads(lab00.read_text()), assignment="01_single_gpu")))
+    cases = {
+        tmp_path / "nothing.record.json": "no measurement record at",
+        tmp_path: "(a folder): pass the <assignment>.record.json",
+        not_json: "is not a measurement record (not JSON",
+        other: "is not a measurement record of this course (schema gpulab.record/2)",
+        V1_RECORD: "older version of the course (gpulab.record/1): run the notebook's last cell again",
+        unknown: "'07_quantum', no lab of this course",
+        notebook: "no measurement record beside",
+    }
+    for path, says in cases.items():
+        rc, err = _run(capsys, path, "--out", out)
+        assert rc == 2 and len(err) == 1 and says in err[0], (path, err)
+    rc, err = _run(capsys, notebook, "--record", lab01, "--out", out)
+    assert rc == 2 and err == [f"error: {lab01} is the record of lab 01_single_gpu, but 00_foundations.ipynb is lab "
+                               "00_foundations"]
+    rc, err = _run(capsys, lab00, "--record", lab00, "--out", out)
+    assert rc == 2 and "--record goes with a notebook" in err[0]
+    assert not out.exists()
 
 
-def test_grader_report_takes_a_record(tmp_path):
-    """``python -m grader report`` (grader/__main__.py) runs this command line."""
-    record = next(p for _, p in CASES if p.name == "02_multi_gpu.record.json" and "benchmarks" in p.parts)
-    proc = subprocess.run([sys.executable, "-m", "grader", "report", str(record), "--out", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "site" / "README.md").is_file() and list((tmp_path / "site").glob("*.png"))
-    proc = subprocess.run([sys.executable, "-m", "grader", "report", str(tmp_path / "none.record.json"), "--out",
-                           str(tmp_path / "site2")], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+def test_the_record_beside_the_notebook_gpu_before_smoke(lab00, tmp_path, monkeypatch):
+    folder = lab00.parent
+    shutil.copy(ROOT / "notebooks" / "00_foundations.ipynb", folder / "00_foundations.ipynb")
+    R.write("00_foundations", folder / "00_foundations.smoke.record.json", R.namespace("00_foundations"), R.LAPTOP,
+            monkeypatch)
+    inp = portfolio.load(folder / "00_foundations.ipynb")
+    assert inp.record_path == lab00 and inp.lab == "00_foundations" and inp.notebook == folder / "00_foundations.ipynb"
+    lab00.unlink()
+    assert portfolio.load(folder / "00_foundations.ipynb").record_path.name == "00_foundations.smoke.record.json"
+    # given the record, the notebook beside it is found too, and titles the exercises
+    inp = portfolio.load(folder / "00_foundations.smoke.record.json")
+    assert inp.notebook == folder / "00_foundations.ipynb"
+    assert inp.titles["test_matmul"] == "Exercise: the matmul, your compute ceiling"
+    assert inp.title.startswith("Phase 0: Foundations")
+
+
+def test_a_record_alone_takes_its_titles_from_the_released_notebook(lab00, tmp_path):
+    inp = portfolio.load(lab00)
+    assert inp.nb is None and inp.titles["test_sweep"] == "6. How a GPU runs a matmul: SMs, warps, tiles and waves"
+    readme = portfolio.build(lab00, tmp_path / "out", here=R.H200).read_text()
+    assert "no notebook beside it, so no written answers" in readme and "## My written answers" not in readme
+
+
+def test_written_answers_are_quoted_under_their_titles(lab00, tmp_path):
+    folder = lab00.parent
+    nb = json.loads((ROOT / "notebooks" / "00_foundations.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "limiter_writeup")
+    cell["source"] = "The fixed share is 12%, so the step is compute-bound.\n\nMFU says so too."
+    (folder / "00_foundations.ipynb").write_text(json.dumps(nb))
+    readme = portfolio.build(lab00, tmp_path / "out", here=R.H200).read_text()
+    written = readme[readme.index("## My written answers"):]
+    assert "### Write-up: what limits this step\n\n> The fixed share is 12%, so the step is compute-bound.\n>\n> MFU" in written
+    todo = readme[readme.index("## Not yet done"):readme.index("## Results")]
+    assert "- **Write-up: what your sweep shows about the GPU**: not written yet." in todo
+    assert "what limits this step" not in todo
+
+
+def test_grader_report_takes_a_notebook_and_its_record(lab00, tmp_path, capsys):
+    from grader.__main__ import main
+
+    shutil.copy(ROOT / "notebooks" / "00_foundations.ipynb", tmp_path / "mine.ipynb")
+    assert main(["report", str(tmp_path / "mine.ipynb"), "--record", str(lab00), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "README.md").is_file()
