@@ -103,7 +103,7 @@ def grade_batch_outputs_empty(out: Path) -> None:
 def _cmd_report(a) -> int:
     from utils import portfolio
 
-    return portfolio.main(a.args)
+    return portfolio.main(a.args, prog="python -m grader report")
 
 
 def _cmd_merge(a) -> int:
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     g.set_defaults(fn=_cmd_autograde)
 
     rp = sub.add_parser("report", add_help=False,
-                        help="a lab's results as a project README with plots (python -m utils.portfolio; --help there)")
+                        help="a lab's results as a project README with plots (python -m grader report --help)")
     rp.add_argument("args", nargs=argparse.REMAINDER)
     rp.set_defaults(fn=_cmd_report)
 

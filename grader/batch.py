@@ -9,8 +9,8 @@ its time limit gets a score of 0 and a one-line ``status``; the others are unaff
 Each worker, and the kernel it starts, runs on a private copy of the course code (``utils/``,
 ``grader/``, ``benchmarks/``, ``deploy/``: what the notebooks read from the repository), written
 from the bytes read once when the batch starts, just before the worker and deleted after it. A
-notebook that rewrites a file there (``grader/phase0.py`` so that the hidden tests pass,
-``utils/timing.py`` so that timings shrink) changes nothing for the other students, and is
+notebook that rewrites a file there (``grader/answers.py`` so that its export cells print what it
+likes, ``utils/timing.py`` so that timings shrink) changes nothing for the other students, and is
 caught: every file and folder's inode, size, mtime and ctime are compared before and after
 (ctime cannot be set back, so putting the original back does not hide the edit; bytecode
 caches are off, so nothing there changes legitimately). Such a submission scores 0 with a
@@ -36,8 +36,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from grader import REPO_ROOT, SOURCE_DIR, clean_room, clean_values, resume
-from grader.preprocessors import judged
+from grader import REPO_ROOT, SOURCE_DIR, resume
 from grader import course as C
 from grader.errors import Interrupted
 from grader.submissions import MAX_FILE_MB, Submission, SubmissionError, file_problem, prepare
@@ -47,7 +46,6 @@ CSV_COLUMNS = [  # nbgrader's CsvExportPlugin columns, in its order, then ours
     "raw_score", "late_submission_penalty", "score", "max_score", "status", "needs_manual_grade",
     "verified_score", "provisional_score", "needs_review",
 ]
-RECORD_ENV = "GPULAB_SUBMITTED_RECORD"  # grader/checks.py reads the learner's record from here
 KEEP_ENV = "GPULAB_KEEP_GRADING_DIRS"  # set to 1 to keep the temporary course copies for debugging
 CODE_DIRS = ("utils", "grader", "benchmarks", "deploy")  # what a kernel reads from the repository: copied per student
 
@@ -61,26 +59,11 @@ def _zero(sub: Submission, assignment: str, max_score: float, status: str, cells
     }
 
 
-def _held_for_review(sub: Submission, assignment: str, max_score: float, cells: list[dict], dest: Path,
-                     released: Path) -> dict | None:
-    """The result of a submission the screen flags (every finding in ``notes``), or None."""
+def _screened(submitted: Path, released: Path) -> list[str]:
+    """What the screen (:mod:`grader.screen`) finds in a submission's own code, as notes for review."""
     from grader.screen import screen_notebook
 
-    found = screen_notebook(json.loads((dest / f"{assignment}.ipynb").read_text()), json.loads(released.read_text()))
-    if not found:
-        return None
-    r = _zero(sub, assignment, max_score, f"held for review, not graded: {found[0]}"
-              + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""), cells)
-    r["notes"] = [f"screen: {f}" for f in found]
-    r["needs_review"] = True
-    return r
-
-
-def _add_snapshots(submitted: Path, source: Path) -> None:
-    """Insert the clean process's snapshot cells (grader/clean_room.py) into a screened submission."""
-    if source.is_file():
-        nb = clean_room.with_snapshots(json.loads(submitted.read_text()), json.loads(source.read_text()))
-        submitted.write_text(json.dumps(nb, indent=1))
+    return [f"screen: {f}" for f in screen_notebook(json.loads(submitted.read_text()), json.loads(released.read_text()))]
 
 
 def _kernel_env(smoke: bool, utils_sha256: str) -> dict:
@@ -90,7 +73,6 @@ def _kernel_env(smoke: bool, utils_sha256: str) -> dict:
     notebooks (or a notebook and anything else) sharing two cores with two threads each slow
     down tenfold at random, which no band survives. One thread each is slower, and steady."""
     env = dict(os.environ)
-    env.pop(RECORD_ENV, None)
     env["GPULAB_UTILS_SHA256"] = utils_sha256
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the code copy: any file appearing there is the notebook's
     from utils import engines
@@ -191,15 +173,11 @@ def _log_tail(path: Path, limit: int = 65536) -> str:
 
 
 def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTimeout, total_timeout_s: float,
-                feedback: bool, record: Path | None, base_env: dict, code_files: dict, worker_args: tuple = ()) -> dict:
+                feedback: bool, base_env: dict, code_files: dict, worker_args: tuple = ()) -> dict:
     course = work / sub.student_id
     result_file = course / "result.json"
     code = _write_code(code_files, course / "code")
     before = _file_states(code)
-    env = dict(base_env)
-    if record is not None:
-        env[RECORD_ENV] = str(record)
-    env[clean_values.VALUES_ENV] = str(course / "clean-values.jsonl")  # where the snapshot cells write
     cmd = [sys.executable, "-m", "grader.worker", "--course", str(course), "--assignment", assignment,
            "--student", sub.student_id, "--timeout", str(timeout.seconds), "--iopub-timeout", str(timeout.iopub_s),
            "--startup-timeout", str(timeout.startup_s), "--timeout-why", timeout.why, "--result", str(result_file),
@@ -208,7 +186,7 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTim
         cmd.append("--no-feedback")
     try:
         with open(course / "worker.log", "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, cwd=code, env=base_env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             with _RUNNING_LOCK:
                 _RUNNING.add(proc)
@@ -233,11 +211,11 @@ def _run_worker(work: Path, assignment: str, sub: Submission, timeout: C.CellTim
 
 
 def _pinned_worker(gpu_plan, work: Path, assignment: str, sub: Submission, timeout, total_timeout_s: float,
-                   feedback: bool, record: Path | None, base_env: dict, code_files: dict, worker_args: tuple = ()) -> dict:
+                   feedback: bool, base_env: dict, code_files: dict, worker_args: tuple = ()) -> dict:
     """:func:`_run_worker` on a GPU of the plan's, held for as long as the worker runs."""
     with gpu_plan.device() as device:
         env = base_env if device is None else {**base_env, "CUDA_VISIBLE_DEVICES": device}
-        r = _run_worker(work, assignment, sub, timeout, total_timeout_s, feedback, record, env, code_files, worker_args)
+        r = _run_worker(work, assignment, sub, timeout, total_timeout_s, feedback, env, code_files, worker_args)
         if device is not None:
             r.setdefault("gpu", device)
         return r
@@ -262,7 +240,8 @@ def grade_batch(
     """Grade ``subs``; write the outputs to ``out_dir`` (if given); return one dict each.
 
     With ``screen`` (the default), a submission whose own code reaches into the kernel or the
-    grader (:mod:`grader.screen`) is not run: it is held at 0 for review, its findings listed.
+    grader (:mod:`grader.screen`) is graded all the same (the judges decide, outside its kernel)
+    and flagged for review (``needs_review``), its findings listed in the notes.
     ``gpu_plan`` (:func:`grader.gpus.plan`) pins each worker to a GPU of its own; default: one
     job per visible GPU, or ``jobs`` on a machine without one."""
     from grader import gpus
@@ -299,13 +278,11 @@ def grade_batch(
             name = sub.notebook.name if sub.notebook else sub.student_id
             try:
                 notes = prepare(sub, released, dest, f"{assignment}.ipynb")
-                record = None
                 if sub.record is not None:
                     if why := file_problem(sub.record):
                         raise SubmissionError(f"its record {sub.record.name} {why}")
-                    record = dest / (f"{assignment}.record.json" if judged(assignment)
-                                     else f"{assignment}.submitted-record.json")
-                    shutil.copyfile(sub.record, record)
+                    # beside the notebook, read before any of its code runs (grader.preprocessors.InsertExports)
+                    shutil.copyfile(sub.record, dest / f"{assignment}.record.json")
             except SubmissionError as exc:
                 results[sub.student_id] = _zero(sub, assignment, max_score, f"{name} {exc}" if sub.notebook else str(exc), cell_list)
                 continue
@@ -314,15 +291,10 @@ def grade_batch(
                 results[sub.student_id] = _zero(sub, assignment, max_score, f"{name} could not be prepared for grading "
                                                 f"({type(exc).__name__}: {why})", cell_list)
                 continue
-            if screen and (held := _held_for_review(sub, assignment, max_score, cell_list, dest, released)):
-                if not judged(assignment):
-                    results[sub.student_id] = held
-                    continue
-                notes = notes + held["notes"]  # a tripwire for review: the judges decide, outside the kernel
+            if screen and (found := _screened(dest / f"{assignment}.ipynb", released)):
+                notes = notes + found  # a tripwire for review: the judges decide, outside the kernel
                 flagged.add(sub.student_id)
-            if not judged(assignment):
-                _add_snapshots(dest / f"{assignment}.ipynb", course / "source" / assignment / f"{assignment}.ipynb")
-            runnable.append((sub, notes, record))
+            runnable.append((sub, notes))
 
         bar = _progress(len(subs), progress)
         bar.update(len(results))
@@ -336,8 +308,8 @@ def grade_batch(
         try:
             worker_args = (("--count-provisional",) if count_provisional else ()) + (
                 ("--seed", str(seed)) if seed is not None else ())
-            futures = {pool.submit(_pinned_worker, gpu_plan, work, assignment, sub, timeout, total, feedback, rec,
-                                   base_env, code_files, worker_args): (sub, notes) for sub, notes, rec in runnable}
+            futures = {pool.submit(_pinned_worker, gpu_plan, work, assignment, sub, timeout, total, feedback,
+                                   base_env, code_files, worker_args): (sub, notes) for sub, notes in runnable}
             for fut in as_completed(futures):
                 sub, notes = futures[fut]
                 r = fut.result()

@@ -1,94 +1,99 @@
 """``python -m grader release --student-repo DIR``: the repository a class gets.
 
-This repository is the instructors': ``grader/source/`` holds every solution and hidden test,
-``grader/release.py`` types the solutions into a notebook (``reference_submission``), and
-``grader/phaseN.py`` and the grading half of ``grader/phaseN_records.py`` compute the reference
-answers hidden tests compare with. The student edition holds what a learner runs and nothing
-that grades:
+This repository is the instructors': ``grader/source/`` holds every solution, ``grader/release.py``
+types the solutions into a notebook (``reference_submission``), and each lab's judges, reference
+measurements and sandbox harnesses (``grader/labs/<lab>/``: the modules :data:`grader.labs.PRIVATE`
+names) decide the grades. The student edition holds what a learner runs and nothing that grades:
 
-- ``notebooks/`` as released (nbgrader has stripped solutions and hidden tests);
+- ``notebooks/`` as released (nbgrader has stripped the solutions);
 - ``utils/`` byte for byte: a measurement record carries a hash of ``utils/`` that the grader
   compares with its own (``utils/record.py``, ``docs/grading.md``);
-- from ``grader/``: ``__init__.py``, ``checks.py`` and ``tamper.py`` (the notebooks import
-  ``grader.checks``), each ``phaseN_records.py`` cut down to ``save_record`` and what it calls
-  (:func:`record_writer`), ``student_check.py`` and ``__main__.py``, which runs
-  ``student_check`` where there is no ``grader/source/``;
-- ``deploy/``, the ``benchmarks/`` scripts the labs launch (any that needs an instructor module
-  is left out), ``docs/reference.md``, the requirements, ``course.toml``, ``.gitignore``;
+- the public half of ``grader/`` (:data:`GRADER_AS_IS`): the notebooks' ``grader.checks``, the
+  typed boundary they write their answers and records through (``names.py``, ``schema.py``,
+  ``answers.py``), ``grader/labs/__init__.py`` and each lab's public modules (its answers schema,
+  its sizes; never its judges, reference, harness or rules: :func:`lab_files`), ``student_check.py``
+  and ``__main__.py``, which runs ``student_check`` where there is no ``grader/source/``;
+- ``deploy/``, the ``benchmarks/`` scripts the labs launch (any that needs an instructor module is
+  left out; no measured results), ``docs/reference.md``, the requirements, ``course.toml``;
+- a ``.gitignore`` that keeps the records a learner hands in (:func:`gitignore`);
+- ``jupyter/``: Jupyter configuration that turns off nbgrader's Validate button (its
+  ``validate_assignment`` server extension and ``@jupyter/nbgrader:validate-assignment`` lab
+  plugin, which nbgrader's package enables on install): it would run the visible tests in the
+  learner's own server and call that validation, while the grade is decided by the judges
+  (:data:`JUPYTER_CONFIG`; the README starts Jupyter with ``JUPYTER_CONFIG_PATH`` pointing there);
 - a README written for learners (:func:`readme`).
 
-Before it returns, the edition is searched for nbgrader's solution and hidden-test markers;
-tests/grader/test_student_edition.py also searches it for every solution and hidden-test line.
+Before it returns, the edition is searched for nbgrader's solution markers and for any module a
+lab keeps private; tests/grader/test_student_edition.py also searches it for every solution line.
 """
 from __future__ import annotations
 
-import ast
+import json
 import re
 import shutil
 from pathlib import Path
 
-from grader import NOTEBOOKS_DIR, REPO_ROOT, SOURCE_DIR
+from grader import NOTEBOOKS_DIR, REPO_ROOT, SOURCE_DIR, labs
 from grader import course as C
 from grader import release as R
 
-GRADER_AS_IS = ("__init__.py", "__main__.py", "checks.py", "tamper.py", "student_check.py")
-RECORDS = tuple(f"phase{n}_records.py" for n in range(6))
+GRADER_AS_IS = ("__init__.py", "__main__.py", "checks.py", "student_check.py", "names.py", "schema.py", "answers.py",
+                "labs/__init__.py")
 TREES = ("utils", "deploy", "benchmarks")
-FILES = ("requirements.txt", "environment.yml", "course.toml", ".gitignore", "docs/reference.md")
+FILES = ("requirements.txt", "environment.yml", "course.toml", "docs/reference.md")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.record.json", ".venv*")
+BENCHMARK_RESULTS = ("results", "RESULTS.md", "HISTORY.md")  # measured on the course's GPUs: not the learner's to see
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
-KEPT = "save_record"
+VALIDATE_SERVER = "nbgrader.server_extensions.validate_assignment"
+VALIDATE_LAB = "@jupyter/nbgrader:validate-assignment"
+JUPYTER_CONFIG = {  # under jupyter/ in the edition; what `jupyter server extension disable` and `jupyter labextension
+    # disable` write (nbgrader's installation guide), read first where JUPYTER_CONFIG_PATH names the folder
+    "jupyter_server_config.d/gpulab-no-validate.json": {"ServerApp": {"jpserver_extensions": {VALIDATE_SERVER: False}}},
+    "labconfig/page_config.json": {"disabledExtensions": {VALIDATE_LAB: True}},
+}
+
+
+def lab_files(root: Path = REPO_ROOT) -> list[str]:
+    """The public modules of every registered lab's folder, relative to ``grader/``: all but
+    :data:`grader.labs.PRIVATE` (judges, reference, harness, rules)."""
+    out = []
+    for package in labs.REGISTRY.values():
+        for p in sorted((root / "grader" / "labs" / package).glob("*.py")):
+            if p.stem not in labs.PRIVATE:
+                out.append(f"labs/{package}/{p.name}")
+    return out
 
 
 def instructor_modules(root: Path = REPO_ROOT) -> set[str]:
-    """The ``grader`` modules the edition does not ship."""
-    return {p.stem for p in (root / "grader").glob("*.py")} - {Path(n).stem for n in GRADER_AS_IS + RECORDS}
+    """The ``grader`` modules the edition does not ship, dotted below ``grader`` (``batch``,
+    ``labs.foundations.judges``)."""
+    shipped = {n.removesuffix(".py").replace("/", ".") for n in GRADER_AS_IS + tuple(lab_files(root))}
+    every = {".".join(p.relative_to(root / "grader").with_suffix("").parts) for p in (root / "grader").rglob("*.py")
+             if "source" not in p.relative_to(root / "grader").parts[:1]}
+    return {m.removesuffix(".__init__") for m in every - shipped}
 
 
 def needs_instructor_code(text: str, left_out: set[str]) -> str | None:
     """What of the instructors' ``text`` uses: ``grader/source/`` (the solutions), or the first instructor module it
-    imports or runs (``grader.release``, ``grader/gpu_check.py``); None when it uses neither."""
+    imports or runs (``grader.release``, ``grader/gpu_check.py``, ``grader.labs.foundations.judges``); None when
+    it uses neither."""
     if re.search(r'"grader"\s*/\s*"source"|grader/source/', text):
         return "grader/source/"
-    names = re.findall(r"\bgrader[./](\w+)", text) + [n for m in re.findall(r"from grader import ([\w, ]+)", text)
-                                                      for n in re.split(r"[ ,]+", m) if n]
-    return next((f"grader/{n}.py" for n in names if n in left_out), None)
+    names = [n.replace("/", ".") for n in re.findall(r"\bgrader[./]((?:\w+[./])*\w+)", text)]
+    names += [f"{base.lstrip('.')}.{n}".lstrip(".") for base, m in re.findall(r"from grader((?:\.\w+)*) import ([\w, ]+)", text)
+              for n in re.split(r"[ ,]+", m) if n]
+    for n in names:
+        parts = n.split(".")
+        hit = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in left_out), None)
+        if hit:
+            return f"grader/{hit.replace('.', '/')}.py"
+    return None
 
 
-def _top_names(node: ast.stmt) -> set[str]:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {node.name}
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-
-
-def record_writer(text: str, name: str = "a phase's records module") -> str:
-    """A ``phaseN_records.py`` cut down to :data:`KEPT` (``save_record``) and the top-level
-    definitions it reaches, with the module's imports; the record checks, where the reference
-    computations live, are left out."""
-    tree = ast.parse(text)
-    defs = {n: node for node in tree.body for n in _top_names(node)}
-    if KEPT not in defs:
-        raise C.CourseError(f"{name} has no {KEPT}() for the notebooks to write their records with")
-    keep, todo = set(), [KEPT]
-    while todo:
-        n = todo.pop()
-        if n in defs and n not in keep:
-            keep.add(n)
-            todo += [x.id for x in ast.walk(defs[n]) if isinstance(x, ast.Name)]
-    doc = (f'"""The measurement-record writer of the instructors\' {name}: ``{KEPT}`` and what it\n'
-           'uses. Checking a record is the grader\'s work and is not in the student edition."""')
-    lines, imports, body = text.splitlines(), [], []
-    for node in tree.body:
-        start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-        segment = "\n".join(lines[start - 1:node.end_lineno])
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            imports.append(segment)
-        elif _top_names(node) & keep:
-            body.append(segment)
-    out = doc + "\n" + "\n".join(imports) + "\n\n\n" + "\n\n\n".join(body) + "\n"
-    compile(out, name, "exec")
-    return out
+def gitignore(text: str) -> str:
+    """The repository's ``.gitignore`` for the edition: without its rules for measurement records
+    (``*.record.json``), which a learner commits and hands in with the notebook."""
+    return "".join(line for line in text.splitlines(keepends=True) if "record.json" not in line)
 
 
 def check_destination(dest: Path, root: Path = REPO_ROOT) -> Path:
@@ -131,10 +136,13 @@ sizes on the CPU, lenient checks).
 ## On your own machine
 
 ```bash
-pip install -r requirements.txt && python -m utils && jupyter lab notebooks/{first}.ipynb
+pip install -r requirements.txt && python -m utils
+JUPYTER_CONFIG_PATH="$PWD/jupyter" jupyter lab notebooks/{first}.ipynb
 ```
 
-`python -m utils` prints what the labs will run on.
+`python -m utils` prints what the labs will run on. `JUPYTER_CONFIG_PATH` points Jupyter at this
+repository's `jupyter/` settings, which turn off nbgrader's Validate button: validating in your own
+server is not grading (see below); `python -m grader check` is what checks your work here.
 
 ## Checking your work
 
@@ -144,23 +152,26 @@ python -m grader check notebooks/{first}.ipynb
 
 runs a copy of the notebook from the top in a fresh kernel (your folder is left as it is) and
 prints each graded cell with its visible tests: passed, failed (and why) or graded by your
-instructor. The hidden tests run when your instructor grades: they re-measure your numbers on the
-grader's machine and try your code on inputs you have not seen, so passing here is necessary,
-not sufficient.
+instructor. The visible tests are feedback; your grade is decided when your instructor grades,
+outside your notebook: the grader re-measures your numbers on its own machine and tries your
+functions on inputs drawn then, which you have not seen. Passing here is necessary, not
+sufficient.
 
 ## Handing in
 
 Hand in the notebook, and with it the `<lab>.record.json` it wrote beside itself if you ran it on
-a GPU: a grader without a GPU grades your measured cells from that record.
+a GPU (this repository's `.gitignore` keeps records, so you can commit it): a grader without a GPU
+judges your measured cells from that record, provisionally, until your instructor counts them.
 
 ## What is here
 
 ```
 notebooks/   the labs
 utils/       the measurement package the labs import
-grader/      what the notebooks import from the grader, and `python -m grader check`
+grader/      what the notebooks import from the grader (their answers and records), `python -m grader check`
 benchmarks/  the scripts the labs launch (multi-GPU training, all-reduce, post-training)
 deploy/      Dockerfile, Kubernetes manifests, Prometheus config, Grafana dashboard
+jupyter/     Jupyter settings for this repository (nbgrader's Validate button off)
 ```
 """
 
@@ -192,6 +203,9 @@ def write_edition(dest: Path, root: Path = REPO_ROOT, notebooks_dir: Path = NOTE
             shutil.copy2(notebooks_dir / f"{a}.ipynb", dest / "notebooks")
         for tree in TREES:
             shutil.copytree(root / tree, dest / tree, ignore=IGNORE)
+        for name in BENCHMARK_RESULTS:
+            shutil.rmtree(dest / "benchmarks" / name, ignore_errors=True)
+            (dest / "benchmarks" / name).unlink(missing_ok=True)
         left_out, dropped = instructor_modules(root), []
         for p in sorted((dest / "benchmarks").rglob("*")):
             if p.is_file() and p.suffix in (".py", ".sh") and (why := needs_instructor_code(p.read_text(), left_out)):
@@ -201,22 +215,26 @@ def write_edition(dest: Path, root: Path = REPO_ROOT, notebooks_dir: Path = NOTE
             if (root / rel).is_file():
                 (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(root / rel, dest / rel)
-        (dest / "grader").mkdir()
-        for name in GRADER_AS_IS:
+        if (root / ".gitignore").is_file():
+            (dest / ".gitignore").write_text(gitignore((root / ".gitignore").read_text()), encoding="utf-8")
+        for name in GRADER_AS_IS + tuple(lab_files(root)):
+            (dest / "grader" / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / "grader" / name, dest / "grader" / name)
-        for name in RECORDS:
-            text = (root / "grader" / name).read_text(encoding="utf-8")
-            (dest / "grader" / name).write_text(record_writer(text, f"grader/{name}"), encoding="utf-8")
+        for rel, config in JUPYTER_CONFIG.items():
+            (dest / "jupyter" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / "jupyter" / rel).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         (dest / "README.md").write_text(readme(pub, names, notebooks_dir), encoding="utf-8")
-        leaks = markers_in(dest)
+        leaks = markers_in(dest) + [f"grader/{m.replace('.', '/')}.py" for m in instructor_modules(root)
+                                    if (dest / "grader" / f"{m.replace('.', '/')}.py").exists()]
         if leaks:
-            raise C.CourseError(f"the edition would hold solution or hidden-test markers ({leaks[0]}): nothing was written")
+            raise C.CourseError(f"the edition would hold solution markers or grading code ({leaks[0]}): nothing was written")
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
     files = sum(1 for p in dest.rglob("*") if p.is_file())
     lines = [f"wrote the student edition to {dest} ({files} files): {len(names)} notebooks, utils/, grader/ "
-             "(the notebooks' imports and `grader check`), benchmarks/, deploy/, README.md"]
+             "(the notebooks' imports, the labs' answers schemas and `grader check`), benchmarks/, deploy/, jupyter/ "
+             "(no Validate button), README.md"]
     lines += [f"left out {d}" for d in dropped]
     if not pub.url:
         lines.append("course.toml names no repository yet: its notebooks will not clone it, and its README has no "

@@ -108,7 +108,7 @@ class GuardedExecute(Execute):
     """nbgrader's ``Execute`` with the guards of the module docstring."""
 
     def preprocess(self, nb, resources=None, km=None):
-        from grader.course import descendants, kill_descendants
+        from grader.processes import descendants, kill_descendants
 
         no_tracing()
         self._seen = {}

@@ -1,14 +1,9 @@
-"""The grader's own re-measurements that more than one phase makes: the setting the
-notebook's setup cells choose, a timed matmul, the GPU's spec row; and how loaded and how fast
-the machine is while it measures (docs/grading.md#when-the-graders-own-measurement-is-bad).
+"""How loaded and how fast this machine is while the grader measures
+(docs/grading.md#when-the-graders-own-measurement-is-bad).
 
-Timed through :func:`grader.checks.timed` (``utils.timing`` after a tamper check).
-``grader.phase(n)`` loads a fresh copy of this file with the fresh ``checks``
-(``grader/__init__.py``); its functions look ``checks`` up at call time.
-
-:class:`Load` measures CPU contention over a window, and :func:`agree` is
-:func:`grader.checks.agree` with it: a miss on a loaded machine is measured again with wider
-timing bands, and an unusable measurement fails nobody. :func:`machine_speed` (a calibrated loop
+:class:`Load` measures CPU contention over a window: the judges (``grader/judging.py``) open one
+around every attempt of a measured cell, and a miss on a loaded machine is measured again with
+wider bands, while an unusable measurement fails nobody. :func:`machine_speed` (a calibrated loop
 and the cores other work takes) scales the smoke-mode cell timeout (grader/course.py), once per
 grading run. ``python -m grader.remeasure`` prints both for this machine.
 """
@@ -17,51 +12,11 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any
-
-from grader import checks  # rebound to a fresh copy by grader.phase(n)
-from utils.units import tflop_per_s
-
-
-def setting(assignment: str) -> tuple[Any, str, Any]:
-    """``(sizes, device, matmul dtype)`` as the notebook's setup cells choose them: the CPU
-    in fp32 in smoke mode, else CUDA in bf16 (fp16 before Ampere, and rehearsing a T4: ``utils.env.matmul_dtype``)."""
-    from utils.env import matmul_dtype, phase_sizes, smoke_mode
-
-    return phase_sizes(assignment), "cpu" if smoke_mode() else "cuda", matmul_dtype()
-
-
-def matmul(n: int, dtype, device) -> dict:
-    """An ``n x n`` matmul timed: its timing, TFLOP/s (``2 n^3`` FLOPs) and arithmetic intensity."""
-    import torch
-
-    from utils.memory import bytes_per_dtype
-
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    t = checks.timed(lambda: a @ b)
-    return {"time": t, "tflops": tflop_per_s(2 * n**3, t.median_ms),
-            "intensity": 2 * n / (3 * int(bytes_per_dtype(checks.dtype_name(dtype))))}
-
-
-def gpu_spec():
-    """The GPU's spec row as the notebook sees it: None in smoke mode (GPULAB_SMOKE=1 included)
-    or on a device that is not a GPU in ``utils.hardware``."""
-    from utils.env import smoke_mode
-    from utils.hardware import current_spec
-
-    if smoke_mode():
-        return None
-    spec = current_spec()
-    return spec if spec.kind == "gpu" else None
-
-
-# -- the machine: how loaded while the grader measures, how fast before a grading run -----------
 
 LOADED_PRESSURE = 0.1  # some task waited for a CPU 10% of the window: a loaded machine
 LOADED_STEAL = 0.05  # the hypervisor gave 5% of the CPU time to other guests
 LOADED_SHARE = 0.8  # a spinning thread got less than 80% of a core
-MAX_SLOWDOWN = 4.0  # the most a band is widened for load (grader.checks.LOAD_BAND_CAP caps the band too)
+MAX_SLOWDOWN = 4.0  # the most a band is widened for load (grader.expect.LOAD_CAP caps the band too)
 CALIBRATION_LOOPS = 1_000_000  # iterations of calibration_loop(): about 0.06 s of one core (below)
 # CPU seconds of calibration_loop() (best of 5) on the reference machine, the 2-core AMD EPYC virtual
 # machine of benchmarks/RESULTS.md#grading-under-load, under 0.4 of a core busy with other work: the
@@ -70,35 +25,6 @@ CALIBRATION_LOOPS = 1_000_000  # iterations of calibration_loop(): about 0.06 s 
 REFERENCE_LOOP_S = 0.062
 REFERENCE_CORES = 2  # the smoke timeouts of grader/course.py were set on 2 cores
 MAX_TIMEOUT_FACTOR = 8.0  # a slow, loaded machine gets at most 8x the smoke timeout
-
-
-CLEAN_ROOM_ENV = "GPULAB_CLEAN_ROOM"  # set in grader/clean_room.py's process, which re-measures for its own verdict
-
-
-class NotMeasuredHere(RuntimeError):
-    """A re-measurement in the clean process (grader/clean_room.py) that missed on a loaded
-    machine: no verdict there, so the cell keeps the kernel's (a miss under load may be the
-    machine's, and the kernel's verdict already allowed for its own load)."""
-
-
-def agree(compare, attempts: int):
-    """:func:`grader.checks.agree` with a :class:`Load` window around every attempt. In the clean
-    process a miss that any of those windows found loaded raises :class:`NotMeasuredHere` instead."""
-    if not os.environ.get(CLEAN_ROOM_ENV):
-        return checks.agree(compare, attempts, load=Load)
-    windows: list[Load] = []
-
-    def window() -> Load:
-        windows.append(Load())
-        return windows[-1]
-
-    try:
-        return checks.agree(compare, attempts, load=window)
-    except AssertionError as exc:
-        loaded = [w for w in windows if w.closed and w.loaded]
-        if loaded:
-            raise NotMeasuredHere(f"{str(exc).splitlines()[0][:200]}, on a loaded machine ({loaded[-1].describe()})") from None
-        raise
 
 
 class Load:

@@ -312,7 +312,7 @@ class Sandbox:
 
     def __init__(self, job: dict, code_dir: Path, log: Path, *, cwd: Path | None = None, env: dict | None = None,
                  start_timeout_s: float = 120.0, reap: bool = True):
-        from grader.course import descendants
+        from grader.processes import descendants
 
         self.ground_truth: list[str] = []
         self.reap, self._before = reap, descendants()
@@ -345,7 +345,7 @@ class Sandbox:
             pass
         self.proc.wait()
         if self.reap:
-            from grader.course import kill_descendants
+            from grader.processes import kill_descendants
 
             kill_descendants(spare=self._before)  # what it started in a session of its own, which a subreaper adopts
         try:

@@ -6,7 +6,7 @@ type: a :class:`Number` is a finite ``float`` and nothing else, a :class:`Label`
 strings, a :class:`Fields` a ``dict`` of exactly the declared fields. No object crosses, so no
 value can lie about itself (an ``__eq__`` that always agrees has no JSON form). Each lab
 declares its answers with these specs in its ``answers.py``: that file is the seam between the
-notebook and the grader, as CS336's ``tests/adapters.py`` is between a student's code and its
+notebook and the grader, as the adapters file of Stanford CS336's assignments is between a student's code and its
 tests.
 
 The kernel side turns Python values into JSON with :func:`encode` (``grader/answers.py``); the

@@ -1,13 +1,13 @@
 """``python -m grader check NOTEBOOK`` in the student edition: the visible tests, run.
 
-The student edition (``grader/edition.py``) has no ``grader/source/``, so it cannot grade the
-way the instructors' ``grader/selfcheck.py`` does (nbgrader's autograde with the hidden tests
-put back from the source). It runs a copy of the notebook from the top in a fresh kernel, in a
+The student edition (``grader/edition.py``) has no ``grader/source/`` and no judges, so it cannot
+grade the way the instructors' ``grader/selfcheck.py`` does (nbgrader's autograde, each graded cell
+decided by its lab's judge outside the kernel). It runs a copy of the notebook from the top in a fresh kernel, in a
 scratch folder (the learner's folder and records are left alone), with every cell run even
 after one fails, and reports each graded cell: an autograded test cell passes when its visible
 tests raised nothing and wrote nothing to stderr (what nbgrader scores as a failure:
-``determine_grade`` in nbgrader/utils.py); a manually graded cell is the instructor's. The hidden
-tests run when the instructor grades.
+``determine_grade`` in nbgrader/utils.py); a manually graded cell is the instructor's. The grade
+is decided when the instructor grades.
 
 Exit status: 0 every visible test passed; 1 some failed; 2 the notebook could not be run.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 from grader import REPO_ROOT
 
 DEFAULT_TIMEOUT_S = 900  # a serving lab starts an engine in one cell (grader/course.py ENGINE_SMOKE_TIMEOUT_S)
-HIDDEN = ("Hidden tests run when your instructor grades this notebook: they re-measure your numbers and try your "
-          "code on inputs you have not seen, so passing here is necessary, not sufficient.")
+HIDDEN = ("Your grade is decided when your instructor grades this notebook: the grader re-measures your numbers and "
+          "tries your functions on inputs you have not seen, so passing here is necessary, not sufficient.")
 
 
 class CheckError(Exception):

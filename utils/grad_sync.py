@@ -16,7 +16,7 @@ the learner write that averaging three ways and time each against PyTorch's
 
 The learner's functions live in a notebook cell. :func:`write_answer_module` writes the cell's
 imports and definitions to a file that every launched rank imports, so the notebook and the
-grader (``grader/phase2.py``) run the same code in processes of their own.
+grader (``grader/labs/multi_gpu/``) run the same code in processes of their own.
 
 Also here: the per-tier sizes of the run, the checks of a run's JSON (each version is what it
 claims to be, its gradients equal DDP's), and the rule of the explanation cell

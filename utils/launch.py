@@ -9,7 +9,7 @@ scaling across GPUs. Each ``run_*`` prints the command, runs it in its own proce
 (all of it is killed on a timeout or an interrupt), keeps its output out of the notebook
 (stderr in a test cell would cost the cell its points) and returns the JSON the script wrote.
 
-The notebook and the grader's re-measurements (``grader/phase2.py``) launch through here, the
+The notebook and the grader's re-measurements (``grader/labs/multi_gpu/reference.py``) launch through here, the
 per-rank memory of DDP, ZeRO-1 and FSDP2 (``utils/zero_memory.py``, run as a module) too.
 """
 from __future__ import annotations

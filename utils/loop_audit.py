@@ -24,7 +24,7 @@ course's naive loop's do) and the course's data, and watches it run:
   step fed the model (with the weights it saw), within a tolerance for the precision (:data:`LOSS_REL_TOL`).
 
 :func:`problems` turns an audit's numbers into the list of what is wrong, a pure function, so a
-measurement record is judged by the same rules (``grader/phase1_records.py``).
+measurement record is judged by the same rules (``grader/labs/single_gpu/judges.py``).
 """
 from __future__ import annotations
 

@@ -1,38 +1,37 @@
-"""Which of the course's figures (``utils/plots.py``) a measurement record has the data for.
+"""Which of the course's figures (``utils/plots.py``) a record's answers have the data for.
 
-Each finder reads only the record: it returns a :class:`Plot` that draws from the record's
-numbers, or one that says why it is not drawn (the data it needs is not in the record), so
-the portfolio never draws made-up data. The roofline's ceilings are the card's datasheet row
-in ``utils/hardware.py`` when the card is known there, else the record's own best matmul
-TFLOP/s and copy GB/s (docs/reference.md, "FLOPs, MFU, roofline").
+Each finder reads only the record's answers (by the names the labs give them in
+``grader/labs/<lab>/answers.py``) and returns a :class:`Plot` that draws from them, so the
+portfolio never draws made-up data. A finder names the answers it reads (``needs``): a lab that
+hands in none of them does not make that figure, and one whose record lacks them yet is told
+which exercise to finish (``utils/portfolio.py``). Titles print numbers to three significant
+figures, and labels that would overlap are moved apart (:func:`declutter`).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from utils import plots
-from utils.portfolio_format import get, is_number, num
-from utils.record import Record
+from utils.portfolio_format import get, is_number, num, sig
 
 KINDS = {
-    "utilization_timeline": "utilization timeline",
     "roofline": "roofline",
     "latency_throughput": "latency against throughput",
     "scaling": "scaling",
     "memory_breakdown": "memory breakdown",
-    "before_after": "before / after",
+    "before_after": "before and after",
 }
-COMPONENT_SKIP = ("peak", "mem_", "total", "max")  # *_gib keys that are totals, not components
 
 
 @dataclass
 class Plot:
     kind: str  # a key of KINDS
+    needs: tuple[str, ...]  # the answers it reads
     caption: str = ""
     draw: Callable[[], Any] | None = None  # returns a matplotlib Figure
-    why_not: str = ""
+    why_not: str = ""  # in the learner's words, when there is data but it cannot be drawn
 
     @property
     def file(self) -> str:
@@ -43,143 +42,150 @@ def _pos(v: Any) -> bool:
     return is_number(v) and v > 0
 
 
-def utilization_timeline(rec: Record) -> Plot:
-    """Monitor samples (dicts with ``t_s``) anywhere in the record's extras."""
-    stack: list[Any] = [m.extra for m in rec.measurements.values()]
-    while stack:
-        d = stack.pop()
-        if isinstance(d, list) and d and all(isinstance(r, dict) and "t_s" in r for r in d):
-            return Plot("utilization_timeline", "utilization, memory and power over the run (GpuMonitor samples)",
-                        lambda d=d: plots.utilization_timeline(d))
-        if isinstance(d, dict):
-            stack.extend(v for v in d.values() if isinstance(v, (dict, list)))
-        elif isinstance(d, list):
-            stack.extend(v for v in d if isinstance(v, (dict, list)))
-    return Plot("utilization_timeline", why_not="the record holds no monitor samples over time (at most a "
-                "summary such as the run's peak utilization), so there is no timeline to draw")
+def roofline(ans: Mapping, fp: Mapping) -> Plot:
+    """Lab 00: the kernels you placed (``kernels``: intensity, TFLOP/s) under your ceilings
+    (``CEILINGS``: peak TFLOP/s, GB/s per roof), on the measured roof where you have one."""
+    p = Plot("roofline", ("kernels", "CEILINGS"))
+    kernels, ceilings = ans.get("kernels"), ans.get("CEILINGS")
+    if not isinstance(kernels, Mapping) or not isinstance(ceilings, Mapping) or not ceilings:
+        return p
+    roof = "measured" if "measured" in ceilings else next(iter(ceilings))
+    peak, bw = get(ceilings, roof, 0), get(ceilings, roof, 1)
+    points = [(k, float(v[0]), float(v[1])) for k, v in kernels.items()
+              if isinstance(v, (list, tuple)) and len(v) == 2 and _pos(v[0]) and _pos(v[1])]
+    if not (_pos(peak) and _pos(bw)) or not points:
+        p.why_not = "its ceilings or kernels hold a zero or a negative number, which a log-log roofline cannot show"
+        return p
+    title = f"Roofline ({roof} ceilings): {sig(peak)} TFLOP/s peak, {sig(bw)} GB/s"
+    p.caption = (f"the kernels you measured on the roofline of your {roof} ceilings ({sig(peak)} TFLOP/s, "
+                 f"{sig(bw)} GB/s); each label is its share of the roof at its intensity")
+    p.draw = lambda: plots.roofline(float(peak), float(bw), points, title=title)
+    return p
 
 
-def roofline_points(rec: Record) -> list[tuple[str, float, float]]:
-    """``(kernel, FLOP/byte, TFLOP/s)`` of every measurement that records its FLOPs and bytes."""
-    out = []
-    for name, m in rec.measurements.items():
-        flops, nbytes = m.extra.get("flops"), m.extra.get("bytes")
-        achieved = m.value if m.unit == "TFLOP/s" else m.extra.get("tflops")
-        if _pos(flops) and _pos(nbytes) and _pos(achieved):
-            out.append((name.removesuffix("_tflops").removesuffix("_gbs"), flops / nbytes, float(achieved)))
-    return out
-
-
-def roofline(rec: Record) -> Plot:
-    points = roofline_points(rec)
-    if not points:
-        return Plot("roofline", why_not="no measurement in the record holds both its FLOPs and its bytes "
-                    "moved, so no kernel has an arithmetic intensity to place")
-    from utils.hardware import spec_for_name
-
-    fp = rec.fingerprint
-    dtype = next((m.extra["dtype"] for m in rec.measurements.values() if isinstance(m.extra.get("dtype"), str)), "")
-    spec = spec_for_name(str(fp.get("name", ""))) if fp.get("kind") == "gpu" else None
-    short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
-    peak = spec.peak_tflops(short) if spec and short in ("bf16", "fp16", "tf32", "fp32") else None
-    if peak and spec.bandwidth_gbs:
-        bw, how = spec.bandwidth_gbs, f"the {spec.name} datasheet row of utils/hardware.py"
-    else:
-        copy = rec.measurements.get("copy_gbs")
-        peak = max(p[2] for p in points)
-        bw = copy.value if copy and _pos(copy.value) else None
-        how = "this record's own best TFLOP/s and copy GB/s (no datasheet row for this device)"
-        if bw is None:
-            return Plot("roofline", why_not="the device has no datasheet row and the record has no copy_gbs "
-                        "to draw a measured memory roof")
-    return Plot("roofline", f"each kernel on the roofline; roofs from {how}",
-                lambda: plots.roofline(peak, bw, points, dtype=short))
-
-
-def latency_throughput(rec: Record) -> Plot:
-    """A load sweep's steps (lab 04), or decode measured at several batches (TPOT per batch)."""
-    steps = get(rec.measurements.get("capacity_rps"), "extra", "steps") if "capacity_rps" in rec.measurements else None
-    if isinstance(steps, list):
-        pts = []
-        for s in steps:
-            thr, lat = get(s, "output_throughput"), get(s, "e2el_ms", "p95")
-            if _pos(thr) and is_number(lat):
-                pts.append((thr, lat, num(get(s, "workload", "request_rate", default=""))))
-        if pts:
-            return Plot("latency_throughput", "p95 end-to-end latency against output tokens/s, one point per "
-                        "offered request rate of the sweep",
-                        lambda: plots.latency_throughput({"sweep": pts}, x_label="output throughput (tokens/s)",
-                                                         y_label="p95 E2E latency (ms)"))
-    decode = [(m.extra.get("batch"), m.value, m.extra.get("tpot_ms")) for m in rec.measurements.values()
-              if m.unit == "tokens/s" and _pos(m.value) and _pos(m.extra.get("tpot_ms")) and is_number(m.extra.get("batch"))]
-    if len({b for b, _, _ in decode}) >= 2:
-        pts = [(thr, tpot, f"b{b:g}") for b, thr, tpot in decode]
-        return Plot("latency_throughput", "time per output token against decode tokens/s, one point per batch",
-                    lambda: plots.latency_throughput({"decode": pts}, x_label="decode throughput (tokens/s)",
-                                                     y_label="TPOT (ms)"))
-    return Plot("latency_throughput", why_not="the record holds no latency measured at several loads (a load "
-                "sweep's steps, or decode at two batches or more)")
-
-
-def scaling(rec: Record) -> Plot:
-    for m in rec.measurements.values():
-        one, many = m.extra.get("one"), m.extra.get("many")
-        ns = [get(one, "world_size"), get(many, "world_size")]
-        ys = [get(one, "total_tokens_per_s"), get(many, "total_tokens_per_s")]
-        if all(_pos(n) for n in ns) and all(_pos(y) for y in ys) and ns[0] != ns[1]:
-            return Plot("scaling", "total tokens/s on one GPU and on all of them, against linear scaling",
-                        lambda ns=ns, ys=ys: plots.scaling([int(n) for n in ns], ys, unit="tokens/s"))
-    return Plot("scaling", why_not="the record holds no run on one device and on several (extras 'one' and 'many')")
-
-
-def _components(extra: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in extra.items() if k.endswith("_gib") and is_number(v)
-            and not k.startswith(COMPONENT_SKIP)}
-
-
-def memory_breakdown(rec: Record) -> Plot:
-    bars = {name.removesuffix("_peak_gib").removesuffix("_gib"): c for name, m in rec.measurements.items()
-            if len(c := _components(m.extra)) >= 2}
-    if not bars:
-        return Plot("memory_breakdown", why_not="no measurement in the record splits its memory into parts "
-                    "(weights, optimizer, activations in GiB)")
-    cap = rec.fingerprint.get("memory_gib") if rec.fingerprint.get("kind") == "gpu" else None
-    biggest = max(sum(c.values()) for c in bars.values())
-    cap = cap if _pos(cap) and biggest > cap / 4 else None  # a far-off capacity line would flatten the bars
-    return Plot("memory_breakdown", f"memory by part for {', '.join(bars)} (GiB, as recorded)",
-                lambda: plots.memory_breakdown(bars, capacity_gib=cap))
-
-
-# (before measurement, after measurement, what the bars mean, labels) or, for a pair inside one
-# measurement's extra, (measurement, (before path), (after path), ...)
+# (before, after, what is compared with its unit, (before label, after label)); a path's first
+# step is an answer's name
 PAIRS = (
-    ("baseline_tokens_per_s", "optimized_tokens_per_s", "throughput (tokens/s)", ("naive loop", "optimized")),
-    ("decode_eager", "decode_fast", "decode at batch one (tokens/s)", ("eager generate", "fast path")),
-    ("checkpoint_sync_save_ms", ("sync_save", "median_ms"), ("async_blocking", "median_ms"),
-     "checkpoint: training blocked (ms)", ("sync save", "async save")),
+    (("baseline_tps",), ("optimized_tps",), "training tokens/s", ("naive", "optimized")),
+    (("decode", "eager", "tokens_per_s"), ("decode", "fast", "tokens_per_s"), "decode tokens/s", ("eager", "fast path")),
+    (("static_run", "tokens_per_s"), ("cont_run", "tokens_per_s"), "batched decode tokens/s", ("static", "continuous")),
+    (("lora_peak_gib",), ("qlora_peak_gib",), "fine-tuning peak GiB", ("LoRA", "QLoRA")),
+    (("sync_overhead_pct",), ("async_overhead_pct",), "checkpoint overhead %", ("sync", "async")),
 )
+BEFORE_AFTER_NEEDS = tuple(dict.fromkeys(p[0] for pair in PAIRS for p in pair[:2]))
 
 
-def before_after(rec: Record) -> Plot:
-    ms = rec.measurements
-    for pair in PAIRS:
-        if len(pair) == 4 and pair[0] in ms and pair[1] in ms:
-            b, a, what, labels = ms[pair[0]].value, ms[pair[1]].value, pair[2], pair[3]
-        elif len(pair) == 5 and pair[0] in ms:
-            b, a = get(ms[pair[0]].extra, *pair[1]), get(ms[pair[0]].extra, *pair[2])
-            what, labels = pair[3], pair[4]
-        else:
-            continue
+def before_after(ans: Mapping, fp: Mapping) -> Plot:
+    """Every before/after pair of one workload the answers hold, one panel each."""
+    p = Plot("before_after", BEFORE_AFTER_NEEDS)
+    metrics, ticks, names = {}, [], []
+    for before, after, what, labels in PAIRS:
+        b, a = get(ans, *before), get(ans, *after)
         if is_number(b) and is_number(a):
-            return Plot("before_after", f"{what}: {labels[0]} against {labels[1]}",
-                        lambda b=b, a=a, what=what, labels=labels: plots.before_after({what: (b, a)}, labels=labels))
-    return Plot("before_after", why_not="this lab's record holds no before/after pair of one workload "
-                "(a baseline and its optimized run, eager and fast decode, a sync and an async checkpoint)")
+            metrics[what] = (float(b), float(a))
+            ticks.append(labels)
+            names.append(f"{what} ({labels[0]} against {labels[1]})")
+    if not metrics:
+        return p
+
+    def draw():
+        fig = plots.before_after(metrics)
+        for ax, labels in zip(fig.axes, ticks, strict=False):
+            ax.set_xticks([0, 1], list(labels))
+        return fig
+
+    p.caption, p.draw = "before and after: " + "; ".join(names), draw
+    return p
 
 
-FINDERS = (utilization_timeline, roofline, latency_throughput, scaling, memory_breakdown, before_after)
+def memory_breakdown(ans: Mapping, fp: Mapping) -> Plot:
+    """The fine-tuning recipes' memory by part (``lora``, ``qlora``: weights, optimizer, gradients,
+    activations in GiB)."""
+    p = Plot("memory_breakdown", ("lora", "qlora"))
+    bars = {}
+    for name in p.needs:
+        d = ans.get(name)
+        if isinstance(d, Mapping):
+            parts = {k: float(v) for k, v in d.items() if k.endswith("_gib") and is_number(v)
+                     and not k.startswith(("peak", "total"))}
+            if len(parts) >= 2:
+                bars[name] = parts
+    if not bars:
+        return p
+    cap = fp.get("memory_gib") if fp.get("kind") == "gpu" else None
+    biggest = max(sum(c.values()) for c in bars.values())
+    cap = float(cap) if _pos(cap) and biggest > cap / 4 else None  # a far-off capacity line would flatten the bars
+    p.caption = f"memory by part for {' and '.join(bars)} (GiB, as measured)"
+    p.draw = lambda: plots.memory_breakdown(bars, capacity_gib=cap, title="Memory by part (GiB)")
+    return p
 
 
-def find_plots(rec: Record) -> list[Plot]:
-    """One :class:`Plot` per figure kind, drawable or with its reason, in :data:`KINDS` order."""
-    return [f(rec) for f in FINDERS]
+def scaling(ans: Mapping, fp: Mapping) -> Plot:
+    """Total tokens/s on one GPU (``one``) and on all of them (``many``)."""
+    p = Plot("scaling", ("one", "many"))
+    ns = [get(ans, "one", "world_size"), get(ans, "many", "world_size")]
+    ys = [get(ans, "one", "total_tokens_per_s"), get(ans, "many", "total_tokens_per_s")]
+    if not all(_pos(v) for v in ns + ys):
+        return p
+    if ns[0] == ns[1]:
+        p.why_not = f"both runs used {sig(ns[0])} GPU{'s' if ns[0] != 1 else ''}, so there is no scaling to show"
+        return p
+    p.caption = "total tokens/s on one GPU and on all of them, against linear scaling"
+    p.draw = lambda: plots.scaling([int(n) for n in ns], [float(y) for y in ys], unit="tokens/s",
+                                   title="Scaling (labels: efficiency)")
+    return p
+
+
+def _rate(r: Any) -> str:
+    return "all at once" if r == "inf" or (isinstance(r, Mapping) and r) else f"{num(r)} req/s"
+
+
+def latency_throughput(ans: Mapping, fp: Mapping) -> Plot:
+    """The load sweep (``sweep_result``): p95 end-to-end latency against requests/s, one point per
+    offered rate."""
+    p = Plot("latency_throughput", ("sweep_result",))
+    runs = get(ans, "sweep_result", "runs")
+    if not isinstance(runs, list):
+        return p
+    pts = []
+    for r in runs:
+        thr, lat = get(r, "request_throughput"), get(r, "e2el_ms", "p95")
+        if _pos(thr) and is_number(lat):
+            pts.append((float(thr), float(lat), _rate(get(r, "workload", "request_rate"))))
+    if len(pts) < 2:
+        p.why_not = "fewer than two steps of the sweep completed requests"
+        return p
+    p.caption = "p95 end-to-end latency against completed requests/s, one point per offered rate of your sweep"
+    p.draw = lambda: plots.latency_throughput({"sweep": pts}, x_label="completed requests/s",
+                                              y_label="p95 end-to-end latency (ms)", title="Latency against throughput")
+    return p
+
+
+FINDERS = (roofline, latency_throughput, scaling, memory_breakdown, before_after)
+
+
+def find_plots(ans: Mapping, fp: Mapping) -> list[Plot]:
+    """One :class:`Plot` per figure kind, in :data:`KINDS` order."""
+    return [f(ans, fp) for f in FINDERS]
+
+
+def declutter(fig: Any, tries: int = 12) -> None:
+    """Move apart the text labels of each of ``fig``'s axes that overlap one another: a label
+    that overlaps one placed before it steps down by its own height, up to ``tries`` times."""
+    if not hasattr(fig.canvas, "get_renderer"):  # utils.plots makes a Figure without pyplot
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        placed = []
+        for t in ax.texts:
+            box = t.get_window_extent(renderer)
+            for _ in range(tries):
+                if not any(box.overlaps(b) for b in placed) or not hasattr(t, "xyann"):
+                    break
+                dx, dy = t.xyann
+                t.xyann = (dx, dy - (box.height + 2) * 72 / fig.dpi)
+                box = t.get_window_extent(renderer)
+            placed.append(box)

@@ -4,7 +4,7 @@
 accumulation that all-reduces every micro-batch, peer-to-peer transfers disabled);
 ``CAUSES`` are the answers its explanation may give, and ``NEAR_LINEAR`` the efficiency loss
 below which a run counts as scaling near linearly (the notebook's rule, section 5).
-The grader reads the same names (``grader/phase2_records.py``).
+The grader reads the same names (``grader/labs/multi_gpu/answers.py``).
 """
 from __future__ import annotations
 

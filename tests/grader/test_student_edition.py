@@ -1,17 +1,19 @@
 """The student edition (``python -m grader release --student-repo DIR``, grader/edition.py): what a
-class gets holds no solution and no hidden test, and its ``python -m grader check`` runs the
-visible tests and says the hidden ones run when the instructor grades.
+class gets holds no solution and nothing that grades, keeps the records a learner hands in, offers
+no Validate button, and its ``python -m grader check`` runs the visible tests.
 
-Two independent searches for leaks: every solution line and every hidden-test line of the
-sources (normalised, non-trivial) looked for in every file of the edition; and nbgrader's
-markers, the hidden tests' own calls (``__import__("grader").phase(N)``) and the names of the
-checks they call, looked for as text.
+Two independent searches for leaks: every solution line of the sources (normalised, non-trivial)
+looked for in every file of the edition; and every line of the modules a lab keeps private
+(judges, reference, harness, rules: ``grader.labs.PRIVATE``) and of the grader's own modules that
+do not ship, with nbgrader's markers and the names those modules define, looked for as text.
 """
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +36,6 @@ SHARED_BY_DESIGN = {
     "utils/flops.py": "lab 00's arithmetic_intensity is utils.flops' one-line definition",
     "utils/profile_diagnosis.py": "lab 01's diagnose shares a rule with utils.profile_diagnosis",
     "utils/diagnosis_cases.py": "lab 01's diagnose shares a None check with the cases built for it",
-    "grader/phase3_records.py": "save_record records the KV geometry, deriving head_dim with lab 03's one line (kv_args)",
 }
 
 
@@ -47,8 +48,8 @@ def nontrivial(line: str) -> bool:
 
 
 def secret_lines() -> dict[str, str]:
-    """``{normalised line: "<lab> solution|hidden test"}`` for every non-trivial line between
-    nbgrader's markers (a whole solution cell without markers counts whole) that the source does not also show."""
+    """``{normalised line: "<lab> solution"}`` for every non-trivial line between nbgrader's solution
+    markers (a whole solution cell without markers counts whole) that the source does not also show."""
     secret, visible = {}, set()
     for path in SOURCES:
         for c in json.loads(path.read_text())["cells"]:
@@ -67,24 +68,49 @@ def secret_lines() -> dict[str, str]:
     return {line: what for line, what in secret.items() if line not in visible}
 
 
-def hidden_check_names() -> set[str]:
-    """The names hidden tests call on ``grader.phase(N)`` (``_p2.check_memory`` -> ``check_memory``; through a
-    phase's further module, ``_p2.kernels.check_second_fusion`` -> ``check_second_fusion``)."""
-    from grader import EXTRA_MODULES
+def grading_modules() -> list[Path]:
+    """The grader's files the edition must not hold: every lab's private modules and the grader's
+    own modules that do not ship (grader/edition.py, ``instructor_modules``), but the edition's
+    writer itself, whose README template is the edition's README."""
+    from grader.edition import instructor_modules
 
-    further = {attr for extra in EXTRA_MODULES.values() for attr in extra}
-    names = set()
-    for path in SOURCES:
-        for c in json.loads(path.read_text())["cells"]:
-            text = src(c)
-            for block in re.findall(r"### BEGIN HIDDEN TESTS(.*?)### END HIDDEN TESTS", text, re.S):
-                for chain in re.findall(r"\b_p\d((?:\.\w+)+)", block):
-                    parts = chain.split(".")[1:]
-                    if parts[0] in further and len(parts) > 1:
-                        names.add(parts[1])
-                    elif parts[0] not in {"checks", "records", "remeasure"} | further:
-                        names.add(parts[0])
-    return names
+    return [ROOT / "grader" / f"{m.replace('.', '/')}.py" for m in sorted(instructor_modules())
+            if (ROOT / "grader" / f"{m.replace('.', '/')}.py").is_file() and m != "edition"]  # it writes the README
+
+
+def public_lines() -> set[str]:
+    """Every line of the files the edition ships from the repository (its utils/, the public grader
+    modules, the notebooks): a grading module's line found there too is shared, not a leak."""
+    from grader.edition import GRADER_AS_IS, lab_files
+
+    paths = [p for tree in ("utils", "deploy", "benchmarks") for p in (ROOT / tree).rglob("*")
+             if p.is_file() and p.suffix in TEXT and "results" not in p.relative_to(ROOT).parts]
+    paths += [ROOT / "grader" / n for n in (*GRADER_AS_IS, *lab_files())] + list((ROOT / "notebooks").glob("*.ipynb"))
+    return set().union(*(edition_lines(p) for p in paths))
+
+
+def grading_lines() -> dict[str, str]:
+    """``{normalised line: file}`` of every non-trivial line of the grading modules that no shipped file holds."""
+    public, out = public_lines(), {}
+    for p in grading_modules():
+        for line in edition_lines(p):
+            if nontrivial(line) and line not in public:
+                out.setdefault(line, str(p.relative_to(ROOT)))
+    return out
+
+
+def grading_names() -> set[str]:
+    """Top-level functions and classes the lab's private modules define (``check_matmul``, ``measure``,
+    ``from_record``, ``Reference``), except names a shipped grader module defines too."""
+    from grader import labs
+
+    def defined(p: Path) -> set[str]:
+        return {n.name for n in ast.parse(p.read_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+    private = [p for p in grading_modules() if p.parent.parent.name == "labs" and p.stem in labs.PRIVATE]
+    shipped = set().union(*(defined(p) for p in (ROOT / "grader").rglob("*.py") if p not in grading_modules()
+                            and "source" not in p.parts))
+    return set().union(*(defined(p) for p in private)) - shipped
 
 
 def edition_lines(path: Path) -> set[str]:
@@ -109,16 +135,21 @@ def files(edition: Path) -> list[Path]:
 
 
 def test_the_edition_has_what_a_learner_runs_and_nothing_that_grades(edition):
+    from grader import labs
     from grader.course import assignments
+    from grader.edition import GRADER_AS_IS
 
     top = {p.name for p in edition.iterdir()}
-    assert {"notebooks", "utils", "grader", "deploy", "benchmarks", "README.md", "requirements.txt"} <= top
+    assert {"notebooks", "utils", "grader", "deploy", "benchmarks", "jupyter", "README.md", "requirements.txt"} <= top
     assert not {"tests", ".git"} & top and not (edition / "docs" / "grading.md").exists()
     assert sorted(p.stem for p in (edition / "notebooks").glob("*.ipynb")) == assignments()
-    shipped = {p.name for p in (edition / "grader").iterdir()}
-    assert shipped == {"__init__.py", "__main__.py", "checks.py", "tamper.py", "student_check.py",
-                       *(f"phase{n}_records.py" for n in range(6))}
+    shipped = {p.relative_to(edition / "grader").as_posix() for p in (edition / "grader").rglob("*") if p.is_file()}
+    public = {f"labs/{pkg}/{m}.py" for pkg in labs.REGISTRY.values() for m in ("__init__", "answers", "sizes")}
+    assert shipped == set(GRADER_AS_IS) | public, shipped ^ (set(GRADER_AS_IS) | public)
+    assert not [p for p in (edition / "grader").rglob("*.py") if p.stem in labs.PRIVATE]
     assert not list(edition.rglob("gradebook.db")) and not (edition / "grader" / "source").exists()
+    assert not (edition / "benchmarks" / "results").exists() and not list(edition.rglob("*.record.json"))
+    assert not {"RESULTS.md", "HISTORY.md"} & {p.name for p in (edition / "benchmarks").iterdir()}
     for name in ("utils", "deploy"):  # byte for byte: a record's hash of utils/ must match the grader's
         mine = {p.relative_to(ROOT / name): p.read_bytes() for p in (ROOT / name).rglob("*")
                 if p.is_file() and "__pycache__" not in p.parts}
@@ -128,9 +159,9 @@ def test_the_edition_has_what_a_learner_runs_and_nothing_that_grades(edition):
         assert nb.read_bytes() == (ROOT / "notebooks" / nb.name).read_bytes()
 
 
-def test_no_solution_or_hidden_test_line_is_in_the_edition(edition):
+def test_no_solution_line_is_in_the_edition(edition):
     secret = secret_lines()
-    assert len(secret) > 100, "the sources' solutions and hidden tests were not found"
+    assert len(secret) > 100, "the sources' solutions were not found"
     found, by_design = [], []
     for path in files(edition):
         if path.suffix not in TEXT:
@@ -138,53 +169,111 @@ def test_no_solution_or_hidden_test_line_is_in_the_edition(edition):
         rel = path.relative_to(edition).as_posix()
         for line in edition_lines(path) & secret.keys():
             (by_design if rel in SHARED_BY_DESIGN else found).append(f"{rel}: {secret[line]}: {line[:100]}")
-    assert not found, "the edition holds lines of the solutions or hidden tests:\n" + "\n".join(found)
+    assert not found, "the edition holds lines of the solutions:\n" + "\n".join(found)
     unused = set(SHARED_BY_DESIGN) - {f.split(":")[0] for f in by_design}
     assert not unused, f"no longer shared with a solution, drop them from the list: {sorted(unused)}"
 
 
-def test_no_marker_hidden_call_or_hidden_check_is_in_the_edition(edition):
-    from grader.edition import MARKERS
+def grader_imports(text: str) -> set[str]:
+    """The ``grader`` modules a Python file imports, dotted below ``grader`` (``from grader.labs.x import
+    judges`` -> ``labs.x``, ``labs.x.judges``)."""
+    out = set()
+    for n in ast.walk(ast.parse(text)):
+        if isinstance(n, ast.Import):
+            out |= {a.name.removeprefix("grader.") for a in n.names if a.name.startswith("grader.")}
+        elif isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == "grader":
+            base = n.module.removeprefix("grader").lstrip(".")
+            out |= {f"{base}.{a.name}".lstrip(".") for a in n.names} | ({base} if base else set())
+    return out
 
-    names = hidden_check_names()
-    assert len(names) >= 10, names
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b")
-    hits = []
+
+def test_no_line_definition_import_or_marker_of_the_grading_code_is_in_the_edition(edition):
+    """Nothing of the judges, the references, the harnesses, the rules or the grader's pipeline: none of
+    their lines (those no shipped file shares), no definition of a name the labs' private modules define
+    in the edition's grader/, no import of a module that does not ship, no nbgrader marker."""
+    from grader.edition import MARKERS, instructor_modules
+
+    lines, names = grading_lines(), grading_names()
+    assert len(lines) > 1000 and {"measure", "from_record"} <= names, (len(lines), sorted(names)[:20])
+    left_out, hits = instructor_modules(), []
     for path in files(edition):
         if path.suffix not in TEXT:
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
         rel = path.relative_to(edition).as_posix()
-        hits += [f"{rel}: {m}" for m in (*MARKERS, "BEGIN SOLUTION", "BEGIN HIDDEN TESTS", '__import__("grader").phase(',
-                                         "reference_submission") if m in text]
+        hits += [f"{rel}: {m}" for m in (*MARKERS, "BEGIN SOLUTION", "reference_submission") if m in text]
+        hits += [f"{rel}: {lines[line]}: {line[:100]}" for line in edition_lines(path) & lines.keys()]
         if path.suffix == ".py":
-            tree = ast.parse(text)
-            hits += [f"{rel}: defines {n.name}" for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                     and (n.name in names or (n.name.startswith("reference_") and not rel.startswith("utils/")))]
-        if not rel.startswith("utils/"):  # utils' docstrings may name a grader check they feed; its reference_mode is a dtype
-            hits += [f"{rel}: names {m.group(1)}" for m in pattern.finditer(text)]
+            hits += [f"{rel}: defines {n.name}" for n in ast.parse(text).body
+                     if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names and rel.startswith("grader/")]
+            if rel != "grader/__main__.py":  # it hands the edition to student_check before importing any of them
+                hits += [f"{rel}: imports grader.{m}" for m in sorted(grader_imports(text) & left_out)]
     assert not hits, "\n".join(hits)
 
 
-def test_the_record_writers_keep_save_record_and_drop_the_checks(edition):
-    from grader import edition as E
+def test_instructor_code_is_recognised_through_a_lab_and_a_plain_module():
+    from grader.edition import instructor_modules, needs_instructor_code
 
-    for n in range(6):
-        text = (edition / "grader" / f"phase{n}_records.py").read_text()
-        defs = {node.name for node in ast.parse(text).body if isinstance(node, ast.FunctionDef)}
-        full = {node.name for node in ast.parse((ROOT / "grader" / f"phase{n}_records.py").read_text()).body
-                if isinstance(node, ast.FunctionDef)}
-        assert "save_record" in defs and defs < full, (n, defs)
-    with pytest.raises(E.C.CourseError, match="has no save_record"):
-        E.record_writer("def other():\n    pass\n", "grader/phase9_records.py")
+    left_out = instructor_modules()
+    assert needs_instructor_code("from grader.labs.foundations.judges import CHECKS", left_out) == \
+        "grader/labs/foundations/judges.py"
+    assert needs_instructor_code("python -m grader.gpu_check OUT", left_out) == "grader/gpu_check.py"
+    assert needs_instructor_code("from grader import release", left_out) == "grader/release.py"
+    assert needs_instructor_code("from grader.labs.single_gpu import answers, harness", left_out) == \
+        "grader/labs/single_gpu/harness.py"
+    assert needs_instructor_code('ROOT / "grader" / "source"', left_out) == "grader/source/"
+    assert needs_instructor_code("from grader.labs.foundations import answers\nfrom grader import checks", left_out) is None
+
+
+def test_the_edition_keeps_records_for_git_and_offers_no_validate_button(edition, tmp_path):
+    """A learner commits ``<lab>.record.json`` with the notebook: git ignores nothing of the kind there.
+    Jupyter started the README's way (``JUPYTER_CONFIG_PATH`` at the edition's ``jupyter/``) has nbgrader's
+    validate_assignment server extension off and its validate-assignment lab plugin disabled, as
+    ``jupyter server extension disable`` / ``jupyter labextension disable`` would set them, even though
+    nbgrader's installation enables both."""
+    from grader.edition import VALIDATE_LAB, VALIDATE_SERVER
+
+    repo = tmp_path / "clone"
+    shutil.copytree(edition, repo, ignore=shutil.ignore_patterns("utils", "benchmarks", "deploy"))
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    for rec in ("notebooks/00_foundations.record.json", "00_foundations.record.json",
+                "notebooks/00_foundations.smoke.record.json"):
+        assert subprocess.run(["git", "check-ignore", "-q", rec], cwd=repo).returncode == 1, rec
+    assert subprocess.run(["git", "check-ignore", "-q", "grader/__pycache__/x.pyc"], cwd=repo).returncode == 0
+    probe = ("import json\n"
+             "from jupyter_core.paths import jupyter_config_path\n"
+             "from jupyter_server.extension.config import ExtensionConfigManager\n"
+             "from jupyterlab_server.config import get_static_page_config\n"
+             "ext = ExtensionConfigManager(read_config_path=jupyter_config_path()).get_jpserver_extensions()\n"
+             "print(json.dumps([ext, get_static_page_config(level='all').get('disabledExtensions', {})]))\n")
+    env = {**os.environ, "JUPYTER_CONFIG_PATH": str(edition / "jupyter")}
+    ext, disabled = json.loads(subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                              check=True, timeout=120).stdout)
+    assert ext.get(VALIDATE_SERVER) is False and disabled.get(VALIDATE_LAB) is True, (ext, disabled)
+    assert 'JUPYTER_CONFIG_PATH="$PWD/jupyter" jupyter lab' in (edition / "README.md").read_text()
+
+
+def test_the_edition_writes_a_record_with_its_public_grader_alone(edition, tmp_path):
+    """The record cell (``checks.save_record``) runs in the edition: the labs' answers schemas and the
+    typed boundary ship, the judges do not, and a lab not answered yet is recorded as far as it is."""
+    code = ("from grader import checks, labs\n"
+            "saved = checks.save_record('00_foundations', {'SIZES': None})\n"
+            "print(saved.path, len(saved.incomplete))\n"
+            "try:\n    labs.load('00_foundations').judges\nexcept labs.LabError as exc:\n    print('no judges:', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(edition),
+                               "GPULAB_SMOKE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rec = json.loads((tmp_path / "00_foundations.smoke.record.json").read_text())
+    assert rec["assignment"] == "00_foundations" and rec["missing"] and "no judges:" in proc.stdout
 
 
 def _run(edition: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "grader", *args], cwd=edition, capture_output=True, text=True,
-                          timeout=timeout, env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
+                          timeout=timeout, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
 
 
-def test_check_in_the_edition_runs_the_visible_tests_and_names_the_hidden_ones(edition, tmp_path):
+def test_check_in_the_edition_runs_the_visible_tests_and_says_who_decides(edition, tmp_path):
     nb = nbformat.v4.new_notebook()
 
     def graded(source, grade_id, points=1, solution=False, kind="code"):
@@ -209,7 +298,7 @@ def test_check_in_the_edition_runs_the_visible_tests_and_names_the_hidden_ones(e
                                                               "test_stderr": "failed", "words": "instructor"}
     assert "AssertionError: x should be 3" in proc.stdout and "wrote to stderr" in proc.stdout
     assert "visible tests passed in 1 of 3 test cells; 1 cell graded by your instructor" in proc.stdout
-    assert "Hidden tests run when your instructor grades this notebook" in proc.stdout
+    assert "Your grade is decided when your instructor grades this notebook" in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "out"])  # ran in a scratch copy
 
 
@@ -253,5 +342,5 @@ def test_a_lab_answered_right_passes_every_visible_test_in_the_edition(edition, 
     res = json.loads((tmp_path / "res.json").read_text())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert res["cells"] and all(c["status"] == ("passed" if c["auto"] else "instructor") for c in res["cells"]), res
-    assert "Hidden tests run when your instructor grades" in proc.stdout
+    assert "Your grade is decided when your instructor grades" in proc.stdout
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [f"{lab}.ipynb", "res.json"]

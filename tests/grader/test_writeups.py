@@ -1,7 +1,7 @@
 """grader/writeups.py: the written answers are manually graded cells, and the numbers they quote
-are checked against what the run printed. Through the real grader: tests/grader/test_phase0.py
-(the reference's, the release's and a wrong quote's notes, grades.csv's column) and
-tests/integration/test_nbgrader_flow.py (the formgrader's view on the course root)."""
+are checked against what the run printed. Through the real grader:
+tests/integration/test_nbgrader_flow.py (the formgrader's view on the course root) and
+tests/integration/test_formgrader_browser.py."""
 from __future__ import annotations
 
 import json
@@ -91,16 +91,23 @@ def test_the_four_labs_have_their_writeups_with_points_and_a_rubric():
 
 
 def test_autograde_runs_the_number_check_right_after_nbgraders_own_grades():
-    """grader/nbgrader_config.py lists nbgrader's autograde steps with QuotedNumbers after
-    SaveAutoGrades: if an nbgrader release changes its own list, this says so."""
+    """grader/nbgrader_config.py lists nbgrader's own autograde steps, with its Execute guarded
+    (GuardedExecute), the judges right after it (JudgeCells) and QuotedNumbers after SaveAutoGrades,
+    and its sanitizing steps with InsertExports last: if an nbgrader release changes its own lists,
+    this says so."""
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
 
     from grader import course as C
 
-    default = [p.__name__ for p in Autograde(coursedir=CourseDirectory(), config=Config()).autograde_preprocessors]
+    theirs = Autograde(coursedir=CourseDirectory(), config=Config())
     cfg = C.load_config(ROOT / "grader")
-    ours = [p.__name__ for p in Autograde(coursedir=CourseDirectory(config=cfg), config=cfg).autograde_preprocessors]
+    mine = Autograde(coursedir=CourseDirectory(config=cfg), config=cfg)
+    default = [p.__name__ for p in theirs.autograde_preprocessors]
+    ours = [p.__name__ for p in mine.autograde_preprocessors]
     k = default.index("SaveAutoGrades") + 1
-    assert ours == default[:k] + ["QuotedNumbers"] + default[k:]
+    assert default[0] == "Execute"
+    assert ours == ["GuardedExecute", "JudgeCells"] + default[1:k] + ["QuotedNumbers"] + default[k:]
+    assert [p.__name__ for p in mine.sanitize_preprocessors] == [p.__name__ for p in theirs.sanitize_preprocessors] + [
+        "InsertExports"]

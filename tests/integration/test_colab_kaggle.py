@@ -96,9 +96,11 @@ def runtime(host: str, tmp: Path, url: str | None) -> tuple[dict, Path]:
         (stub / "__init__.py").write_text('"""A stand-in for Colab\'s google.colab package."""\n')
         env["PYTHONPATH"] = str(tmp / "colab-stub")
         base = tmp / "content"
-    else:
+    elif host == "kaggle":
         env.update(KAGGLE_KERNEL_RUN_TYPE="Interactive", KAGGLE_URL_BASE="https://www.kaggle.com")
         base = tmp / "kaggle" / "working"
+    else:  # a cloud VM running Jupyter: neither Colab nor Kaggle, the notebook alone in a folder
+        base = tmp / "vm"
     base.mkdir(parents=True)
     env["GPULAB_CLONE_DIR"] = str(base)
     if url is not None:
@@ -261,6 +263,22 @@ def test_an_uploaded_zip_is_found_and_unpacked(host, course, tmp_path, kernel_na
     out = text_of(nb.cells[0])
     assert f"course repository: {base / 'gpu-utilization-roadmap-main'} | installed: nothing" in out, out
     assert (base / "gpu-utilization-roadmap-main" / "utils" / "bootstrap.py").is_file()
+
+
+def test_on_a_vm_running_jupyter_the_url_is_cloned_too(course, tmp_path, kernel_name):
+    env, base = runtime("local", tmp_path, course["url"])
+    shutil.copy(ROOT / "notebooks" / "01_single_gpu.ipynb", base)
+    nb = released("01_single_gpu")
+    nb.cells = [c for c in nb.cells if gid(c) == "setup"]
+    execute(nb, env, base, kernel_name, timeout_s=300)
+    out = text_of(nb.cells[0])
+    assert f"course repository: {base / 'gpu-utilization-roadmap'} | installed: nothing" in out, out
+
+
+def test_on_a_vm_without_the_course_or_a_url_the_line_names_both_ways(tmp_path, kernel_name):
+    cell, error, base = setup_only("01_single_gpu", "local", tmp_path, "", kernel_name)
+    line = one_line_stop(cell, error)
+    assert f"no folder from {base} up holds the course" in line and "GPULAB_REPO_URL" in line and "GPULAB_REPO " in line, line
 
 
 def test_a_course_attached_as_a_kaggle_dataset_is_found(course, tmp_path, kernel_name):

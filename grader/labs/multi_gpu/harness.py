@@ -5,8 +5,8 @@ in the grader's process (``grader/sandbox.py``). What it returns is plain data a
 learner's code ran beside it, a claim: the judges (``judges.py``) check every number they use
 against the grader's own computation from the inputs they drew.
 
-- :func:`memory_predictions`: ``memory_per_gpu_gb`` on the byte counts of the grader's own sharded
-  run (drawn and run by the grader before this harness starts).
+- :func:`memory_predictions`: ``memory_per_gpu_gb`` at the size of a stack of layers the grader drew
+  (its own sharded run of that stack is the judge's, after this harness).
 - :func:`grad_sync`: the learner's three gradient synchronizations on several ranks. This process
   is rank 0; the other ranks are processes it starts (:func:`rank_main`), which import the
   learner's cell as a module (``utils.grad_sync.write_answer_module``). Every rank trains the same
@@ -14,13 +14,16 @@ against the grader's own computation from the inputs they drew.
   step; each (version, step) is one section the grader times from outside (``clock.go`` on rank 0,
   then every rank starts; ``clock.done`` once every rank's gradients are summed up). A section's
   outputs are every rank's gradients as weighted sums (:func:`checksums`, weights drawn from the
-  seed), which the judge recomputes with its own model.
+  seed), which the judge recomputes with its own model. The model, batches and weights are drawn from
+  the secret seed the grader passes in ``params`` (drawn after the notebook's kernel is gone); every
+  step's batches differ, so a version that caches a result fails the next step's check.
 - :func:`fused_kernel` and :func:`second_fusion`: the learner's Triton kernels on inputs drawn
   from the grader's seed. Each launch of the kernel object is counted (``kernel.run`` is what
   ``kernel[grid](...)`` calls), the tensors it was given are noted (the output must be one of
   them), and the PyTorch operations the launcher calls are counted (``TorchFunctionMode``). On a
   GPU the kernels are timed in sections the grader times from outside, each on inputs drawn from
-  the section's own seed.
+  the section's own go seed; the section's output's weighted sum is recomputed by the judge from the
+  seed the grader sent (``Section.seed``).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -268,20 +272,25 @@ def grad_sync(ns: dict, params: dict, clock) -> dict:
         return {"skipped": params["skip"]}
     import torch.distributed as dist
 
-    from utils.grad_sync import write_answer_module
+    from utils.grad_sync import NAMES, write_answer_module
     from utils.grad_sync_harness import LearnerError, _Counter, load_answer
+    from utils.launch import MULTICAST_OFF
 
+    missing = [n for n in NAMES.values() if not callable(ns.get(n))]
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not defined by your definitions")
     work = Path(tempfile.mkdtemp(prefix="gpulab-sync-"))
     try:
-        path = write_answer_module(work / "sync_answer.py", ns.get("sync_each"), ns.get("sync_bucketed"),
-                                   ns.get("OverlappedSync"))
+        path = write_answer_module(work / "sync_answer.py", *(ns[n] for n in NAMES.values()))
     except (ValueError, TypeError) as exc:
         raise RuntimeError(f"your sync functions cannot be run on several ranks: {exc}") from None
     cfg = dict(params, port=_free_port(), answer=str(path))
-    procs, errors = [], []
+    for k, v in MULTICAST_OFF:  # NVLink multicast off in every rank, this one too (utils.launch.launch_env says why)
+        os.environ.setdefault(k, v)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     if cfg["backend"] == "gloo":
         env["CUDA_VISIBLE_DEVICES"] = ""
+    procs, errors = [], []
     for r in range(1, cfg["world"]):
         errors.append(work / f"rank{r}.err")
         log = open(work / f"rank{r}.log", "wb")  # noqa: SIM115 - closed when the rank is reaped
@@ -291,10 +300,17 @@ def grad_sync(ns: dict, params: dict, clock) -> dict:
         p.stdin.close()
         procs.append((p, log))
 
-    def rank_errors() -> str:
-        for p, _ in procs:
+    def reap(wait_s: float) -> None:
+        for p, log in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=2)
+                p.wait(timeout=wait_s)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            log.close()
+
+    def rank_errors() -> str:
+        reap(3)  # a rank that failed has written its error file and exited; one blocked in a collective is stopped
         said = [e.read_text().strip() for e in errors if e.is_file() and e.read_text().strip()]
         return "; ".join(said)
 
@@ -305,19 +321,15 @@ def grad_sync(ns: dict, params: dict, clock) -> dict:
         answer = load_answer(path)
         result = run_versions(answer, cfg, device, _RankControl(clock, 0, device), counter)
     except LearnerError as exc:
+        reap(0)
         raise RuntimeError(str(exc)) from None
     except Exception as exc:
         other = rank_errors()
         raise RuntimeError(other or f"rank 0: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") \
             from None
     finally:
-        for p, log in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=30)
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
+        reap(30)
+        shutil.rmtree(work, ignore_errors=True)
     return result
 
 

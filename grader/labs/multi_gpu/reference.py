@@ -22,10 +22,10 @@ consistency and against the datasheet and the link, and say that nothing was re-
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import secrets
 import shutil
-import statistics
 import tempfile
 import time
 from typing import Any
@@ -192,6 +192,18 @@ def sync_expected(cfg: dict, device: str = "cpu") -> dict:
     at each step of the harness's run ``cfg``: ``{"local": [step][rank], "mean": [step]}`` (the local
     gradient of each rank's own batch, and their mean over the ranks: what DDP's all-reduce leaves),
     computed by the grader's own model on ``device``, one process, no communication."""
+    key = (json.dumps(cfg, sort_keys=True), device)
+    if key not in _EXPECTED:
+        while len(_EXPECTED) >= 4:
+            _EXPECTED.pop(next(iter(_EXPECTED)))
+        _EXPECTED[key] = _sync_expected(cfg, device)
+    return _EXPECTED[key]
+
+
+_EXPECTED: dict = {}  # sync_expected of the last few runs (a judge tried again reads the same run)
+
+
+def _sync_expected(cfg: dict, device: str) -> dict:
     dev = torch.device(device)
     threads = torch.get_num_threads()
     try:
@@ -255,7 +267,3 @@ def fused_checksum(seed: int, shape, dtype: str, device: str = "cuda") -> tuple[
     x, b = harness.device_inputs(seed, rows, cols, torch.device(device), getattr(torch, dtype))
     y = bias_gelu_reference(x, b)
     return harness.weighted_sum(y, seed), harness.weighted_sum(y, seed, absolute=True)
-
-
-def median(xs) -> float:
-    return statistics.median(xs)

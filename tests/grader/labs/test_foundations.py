@@ -3,7 +3,7 @@ each wrong one with a message that names the mistake; and the grader's own measu
 
 The answers are built here as the notebook's export would send them, for the smoke sizes, from
 chosen rates; a Reference stands for the grader's measurement. Graded through the real commands:
-tests/grader/labs/test_foundations_grading.py.
+tests/grader/test_attacks.py (the reference, the release and the attacks, on lab 00).
 """
 from __future__ import annotations
 
