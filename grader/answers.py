@@ -10,8 +10,9 @@ anything there; whatever it prints is read as the learner's answers and judged l
 
 :func:`save_record` writes every graded cell's answers, with the machine's fingerprint, beside
 the notebook: the measurement record a grader without a GPU judges, provisionally
-(docs/grading.md, "What a record proves"). A lab only partly solved still writes one: each cell's
-missing names are listed, and the rest is kept.
+(docs/grading.md, "What a record proves"). A lab only partly solved still writes one: what is
+missing because exercises are not done yet is said by those exercises, any other missing name by
+its cell, and the rest is kept.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from grader import labs
+from grader import NOTEBOOKS_DIR, labs
 from grader.names import ANSWERS_MARK, RECORD_SCHEMA
 from grader.schema import MAX_DEPTH, NONFINITE, UNENCODABLE
 
@@ -113,12 +114,39 @@ class Saved:
     device: str
     complete: tuple[str, ...]
     incomplete: dict
+    open_exercises: tuple[str, ...] = ()  # the exercises not done yet, as the notebook heads them
+    unexplained: dict | None = None  # cell -> its missing names no open exercise accounts for (None: all of them)
 
     def __str__(self) -> str:
         line = f"wrote {self.path}: the answers of {len(self.complete)} graded cells, measured on {self.device}"
-        if self.incomplete:
-            line += "; not answered yet: " + "; ".join(f"{c} ({', '.join(n)})" for c, n in self.incomplete.items())
+        rest = self.incomplete if self.unexplained is None else self.unexplained
+        if self.open_exercises:
+            waiting = sum(1 for c, names in self.incomplete.items() if len(rest.get(c, ())) < len(names))
+            line += (f"; {waiting} graded cells wait for exercises not done yet; the {len(self.open_exercises)} "
+                     "exercises not done yet: " + ", ".join(self.open_exercises))
+        if rest:
+            line += "; not answered yet: " + "; ".join(f"{c} ({', '.join(n)})" for c, n in rest.items())
         return line
+
+
+def _open_exercises(assignment: str, cells: dict, ns: dict) -> tuple[tuple[str, ...], dict | None]:
+    """The exercises not done yet (by the released notebook: ``utils/exercise_hints.py``), and each
+    cell's missing names that none of them accounts for. ``((), None)`` when the notebook cannot be read."""
+    from utils import exercise_hints
+
+    try:
+        m = exercise_hints.load(assignment, NOTEBOOKS_DIR.parent)
+    except (OSError, ValueError):
+        return (), None
+    gone = {g for g, ex in m.exercises.items() if not exercise_hints.done(ex, ns)}
+    rest = {}
+    for c, r in cells.items():
+        found, left = exercise_hints.open_exercises(m, r["missing"], ns)
+        gone.update(found)
+        if left or r["errors"]:
+            rest[c] = left + sorted(r["errors"])
+    order = list(m.exercises)
+    return tuple(m.exercises[g].label for g in sorted(gone, key=order.index)), rest
 
 
 def save_record(assignment: str, ns: dict, path: str | Path | None = None) -> Saved:
@@ -143,4 +171,4 @@ def save_record(assignment: str, ns: dict, path: str | Path | None = None) -> Sa
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     tmp.replace(target)
     return Saved(target, str(fp.get("name", "?")), tuple(c for c in cells if c not in data["missing"]),
-                 dict(data["missing"]))
+                 dict(data["missing"]), *(_open_exercises(assignment, cells, ns) if data["missing"] else ((), None)))

@@ -4,7 +4,9 @@ The first half stays in the cell (``grader/source/<lab>/<lab>.ipynb``, cell 1): 
 course repository, or clones or unpacks it on Colab and Kaggle, and puts it on ``sys.path``;
 only then can it import this module. :func:`setup` then sets the lab's environment variables,
 installs the packages the runtime lacks (one line each), tries the optional ones (one line when
-one fails, and what the lab does without it) and says which serving engine a serving lab gets.
+one fails, and what the lab does without it), says which serving engine a serving lab gets and,
+under IPython, turns on the one-line hints of ``utils/exercise_hints.py`` for cells that fail only
+because an exercise above them is not done yet.
 
 A package a lab cannot run without stops the cell with :class:`SetupStopped`: one line in the
 notebook, no traceback (IPython prints what an exception's ``_render_traceback_`` returns
@@ -160,11 +162,20 @@ def _no_install(requirement: str) -> str:
     return "a grader installs nothing; the grading machine lacks it"
 
 
+def _install_hints(lab: str, repo: str | Path) -> object:
+    from utils import exercise_hints
+
+    return exercise_hints.install(lab, repo)
+
+
 def setup(lab: str, repo: str | Path | None = None, *, install: Callable[[str], str | None] = pip_install,
           has: Callable[[str], bool] = _has, cuda: Callable[[], bool] = _cuda,
           serve_extras_missing: Callable[[], bool] = _serve_extras_missing,
-          vllm_line: Callable[[], str] = _vllm_line, out: Callable[[str], None] = print) -> SetupResult:
-    """Prepare this runtime for ``lab``: environment, missing packages, optional ones, engine.
+          vllm_line: Callable[[], str] = _vllm_line, out: Callable[[str], None] = print,
+          hints: Callable[[str, str | Path], object] = _install_hints) -> SetupResult:
+    """Prepare this runtime for ``lab``: environment, missing packages, optional ones, engine, and
+    (under IPython, unless a grader runs the notebook) the one-line hints for cells that fail
+    because an exercise above is not done yet (``utils/exercise_hints.py``).
 
     Prints one line per install, one per optional package that failed, the lab's status lines,
     and a last line naming the repository and what was installed. Raises :class:`SetupStopped`
@@ -212,5 +223,7 @@ def setup(lab: str, repo: str | Path | None = None, *, install: Callable[[str], 
         say(vllm_line())
     if spec.note:
         say(spec.note())
+    if repo is not None and not grading():
+        hints(lab, repo)
     say(f"course repository: {res.repo or '?'} | installed: {', '.join(res.installed) or 'nothing'}")
     return res
