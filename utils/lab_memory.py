@@ -1,19 +1,20 @@
-"""Peak GPU memory of each lab at its sizes, estimated with ``utils.memory``: what a tier plan
+"""Peak GPU memory of each lab at its sizes, from ``utils.memory``'s formulas: what a tier plan
 (``utils.tier_plan``) checks against a card.
 
-Every number this module returns is an estimate: arithmetic on the model shapes in
-``utils/configs/`` and the sizes in ``utils.env``, never a measurement. A lab is a list of
-:class:`Moment`: the points where its memory peaks, each with what the notebook's own process
-holds then (the tensors still referenced from earlier cells included, since a notebook keeps
-its globals) and the other processes alive beside it (a serving engine, a training process per
-GPU). The terms:
+The numbers are arithmetic on the model shapes in ``utils/configs/`` and the sizes in
+``utils.env``; the few constants measured on a GPU say so where they are defined. A lab is a list
+of :class:`Moment`: the points where its memory peaks, each with what the notebook's own process
+holds then (the tensors still referenced from earlier cells included, since a notebook keeps its
+globals), the blocks its caching allocator keeps reserved from earlier cells that it cannot reuse
+then (``cached_gib``), and the other processes alive beside it (a serving engine, a training
+process per GPU). The terms:
 
 - a training step (:func:`train_gib`): weights, gradients and AdamW state
   (:func:`utils.memory.training_memory_estimate`: 16 bytes per parameter, fp32 weights also
   under autocast), the activations saved for the backward
   (:func:`utils.memory.transformer_activation_bytes`: 4-byte values in fp32, 2-byte under
   16-bit autocast; attention scores are not saved, as SDPA's fused kernels recompute them), and
-  the logits with the loss (:func:`utils.memory.cross_entropy_bytes`). Two terms on top: GPT-2's
+  the logits with the loss (:func:`loss_bytes`). Two terms on top: GPT-2's
   ``gelu_new`` is transformers' ``NewGELUActivation``, ``0.5 x (1 + tanh(...))`` written as
   PyTorch ops, whose multiplications and tanh save ``x``, ``tanh(u)``, ``0.5 x`` and ``1 + tanh(u)``
   where a fused GeLU saves ``x`` only (three more tensors of the MLP's width per layer; read from
@@ -26,9 +27,15 @@ GPU). The terms:
 - a serving engine whose memory is a share of the card that the engine itself enforces (vLLM's
   ``--gpu-memory-utilization``) is that share plus what its processes hold outside it
   (:data:`ENGINE_OUTSIDE_SHARE_GIB`), with no margin: ``fixed``.
+- PyTorch's caching allocator (``c10/cuda/CUDACachingAllocator.cpp``) keeps every block it freed
+  reserved, and serves a request from a cached block only if the block is at least as large; a
+  cached block is given back to the driver only when a ``cudaMalloc`` fails (or on
+  ``torch.cuda.empty_cache()``). So a cell whose tensors are each a little larger than an earlier
+  cell's (lab 01's ladder after the vocabulary is padded, lab 00's shape sweep) grows the reserve
+  by their size while the earlier blocks stay: ``cached_gib``, which a full card takes back.
 
-How close these come to measured peaks is checked in ``tests/utils/test_tier_plan.py``
-against peaks measured on one H200 (``benchmarks/RESULTS.md``).
+How close these come to the peaks measured per notebook cell is recorded, with the raw files, in
+``utils.tier_plan.MEASURED_PEAKS`` and checked by ``tests/utils/test_tier_plan.py``.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from utils.memory import cross_entropy_bytes, training_memory_estimate, transformer_activation_bytes
+from utils.timing import FLUSH_BYTES
 from utils.units import GIB
 
 LORA_R = 16  # utils.training.FinetuneRecipe.lora_r, on every linear layer
@@ -48,6 +56,19 @@ SERVE_OVERHEAD_GIB = 0.5  # activations and buffers of a serving process beside 
 # H200 rehearsing a T4; benchmarks/RESULTS.md, "The labs as a T4 learner runs them"); a T4's
 # own CUDA context is smaller than an H200's, so on a T4 this errs high.
 ENGINE_OUTSIDE_SHARE_GIB = 1.0
+# Lab 04's two engines rehearsing a T4 agree: each held about 0.98 to 0.99 GiB beyond its 6.0 GiB
+# share device-wide (7,771 MiB with the first engine alone, of which about 621 MiB is a torch
+# process's context; 15,028 - 7,869 MiB for the second;
+# benchmarks/results/h200-t4-rehearsal-all-labs-2026-12-04/t4_mem_04_benchmarking_production.txt).
+FLUSH_GIB = FLUSH_BYTES / GIB  # utils.timing.benchmark zeroes this buffer before each timed run
+GPT2_VOCAB = 50257  # GPT-2's vocabulary before the ladder pads it to a multiple of 64
+# Tensors a lab held at a measured peak that no term here accounts for, where no per-cell
+# reading places them, keyed by (lab, size tier, vLLM run): lab 03 without vLLM at the h100 tier
+# peaked at 13.1 GiB device-wide (H100 80GB, nvidia-smi every 0.5 s, lab graded live at the h100
+# tier, 2026-12-05), where the terms below reach 7.1 GiB. Its value is that peak less one CUDA
+# context (utils.tier_plan.CONTEXT_GIB), over 1 + utils.tier_plan.MARGIN, plus 0.1: a calibration,
+# not a cause. benchmarks/memory_h100.sh measures the lab per cell to find the cause.
+UNPLACED_GIB = {("03_inference_serving", "h100", False): 10.9}
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,19 @@ def _gib(nbytes: float) -> float:
     return nbytes / GIB
 
 
+def loss_bytes(tokens: int, vocab: int, dtype_bytes: float) -> float:
+    """The logits and a causal-LM loss over them at the loss's peak. 16-bit logits:
+    :func:`utils.memory.cross_entropy_bytes` (18 bytes per logit, the fp32 upcast counted).
+    fp32 logits: 12 bytes per logit. ``loss = model(...).loss`` drops the outputs object, so the
+    logits are not kept for the backward (the head's backward needs its input, not its output);
+    ``log_softmax`` saves its fp32 output, and the backward holds that output, the gradient
+    coming in and the gradient going out (``torch/_refs``'s and autograd's formulas for
+    ``log_softmax`` and ``nll_loss``): 4 + 4 + 4 bytes."""
+    if dtype_bytes == 4:
+        return float(tokens) * vocab * 12
+    return cross_entropy_bytes(tokens, vocab, dtype_bytes)
+
+
 def states_gib(preset: str) -> float:
     """fp32 weights and AdamW's two moments, what a training loop holds between steps."""
     s = shape(preset)
@@ -124,7 +158,7 @@ def train_gib(preset: str, batch: int, seq: int, precision: str, *, vocab: int |
         acts += 3 * s.ffn * d * batch * seq * (1 if checkpointing else s.layers)
     if d == 2:  # autocast saves the 16-bit copy of every weight it cast for the backward
         acts += s.params * 2
-    return states + _gib(acts + cross_entropy_bytes(batch * seq, vocab or s.vocab, d))
+    return states + _gib(acts + loss_bytes(batch * seq, vocab or s.vocab, d))
 
 
 def lora_gib(preset: str, batch: int, seq: int, *, checkpointing: bool, quant: str = "none") -> float:
@@ -202,11 +236,14 @@ class Other:
 
 @dataclass(frozen=True)
 class Moment:
-    """A point where a lab's memory peaks: the notebook process's tensors then, and the others."""
+    """A point where a lab's memory peaks: the notebook process's tensors then, the blocks its
+    allocator keeps cached from earlier cells and cannot reuse then (given back when the card is
+    full), and the other processes."""
 
     name: str
     notebook_gib: float
     others: tuple[Other, ...] = ()
+    cached_gib: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,33 +256,55 @@ class Context:
     vllm: bool  # vLLM's CUDA build runs on this card
     engine_share: float = 0.4  # vLLM's --gpu-memory-utilization in lab 04 (utils.serve.start's default)
     lab03_engine_share: float = 0.5  # the same in lab 03's vLLM cell
+    sms: int = 132  # the GPU's SMs: lab 00's shape sweep is sized by them (utils.matmul_sweep.sweep_shapes)
+    tier: str = ""  # the utils.env size tier of the sizes
 
 
 def _lab00(s, c: Context) -> list[Moment]:
-    matmul = _gib(3 * s.matmul_n**2 * 2)
+    from utils.matmul_sweep import sweep_shapes
+
+    matmul = _gib(3 * s.matmul_n**2 * 2) + FLUSH_GIB
     copy = _gib(2 * s.elementwise_numel * 4)
     train = train_gib(s.model, s.batch_size, s.seq_len, "fp32")
+    # the sweep's inputs are freed shape by shape; one that is larger than every block cached so far
+    # (the largest: a training step's fp32 loss tensor) and than the last such input is a new segment
+    largest = _gib(s.batch_size * s.seq_len * shape(s.model).vocab * 4)
+    grown = 0.0
+    for m, _n, k in sweep_shapes(c.sms, c.tier or "t4").values():
+        a = _gib(m * k * 2)
+        if a > largest:
+            grown, largest = grown + a, a
     return [Moment(f"matmul {s.matmul_n}^3 in {c.half}", matmul),
             Moment(f"copy and x + 1 over {s.elementwise_numel:,} fp32 elements", matmul + copy),
-            Moment(f"{s.model} training step, fp32, batch {s.batch_size} x {s.seq_len}", matmul + copy + train)]
+            Moment(f"{s.model} training step, fp32, batch {s.batch_size} x {s.seq_len}", matmul + copy + train),
+            Moment("shape sweep after the training (its largest inputs fit no cached block)",
+                   matmul + copy + train + grown)]
 
 
 def _lab01(s, c: Context) -> list[Moment]:
     vocab = -(-shape(s.model).vocab // 64) * 64  # the ladder pads the vocabulary to a multiple of 64
-    naive = states_gib(s.model)  # the naive loop stays referenced (``naive``) after its section
+    loop = states_gib(s.model)  # a training loop's weights and AdamW state between steps (grads set to None)
+    # ``naive`` stays referenced after its section; each rung's loop holds itself in a reference
+    # cycle (``TrainLoop.loss_fn = self._loss``, utils/training.py), so the rung before is freed
+    # only when Python's cycle collector runs: two loops beside the rung being measured
+    d = 2 if c.half in ("bf16", "fp16") else 4
+    unpadded = _gib(loss_bytes(s.big_batch * s.seq_len, GPT2_VOCAB, d))  # cached, each block a little too small
     return [Moment(f"naive loop, fp32, batch {s.naive_batch} x {s.seq_len}",
                    train_gib(s.model, s.naive_batch, s.seq_len, "fp32")),
-            Moment(f"ladder at batch {s.big_batch} x {s.seq_len}, {c.half} autocast, eager (the largest rung)",
-                   naive + train_gib(s.model, s.big_batch, s.seq_len, c.half, vocab=vocab)),
+            Moment(f"ladder at batch {s.big_batch} x {s.seq_len}, {c.half} autocast, eager, vocabulary padded "
+                   "(the unpadded rung's loss blocks still cached)",
+                   2 * loop + train_gib(s.model, s.big_batch, s.seq_len, c.half, vocab=vocab), cached_gib=unpadded),
             Moment(f"{s.ft_model} LoRA in {c.half} without checkpointing (the eval-mode trap), batch "
                    f"{s.ft_batch} x {s.ft_seq_len}",
-                   naive + lora_gib(s.ft_model, s.ft_batch, s.ft_seq_len, checkpointing=False))]
+                   loop + lora_gib(s.ft_model, s.ft_batch, s.ft_seq_len, checkpointing=False))]
 
 
 def _lab02(s, c: Context) -> list[Moment]:
     from utils.distributed import parse_size_bytes
 
-    fused = _gib(3 * 16384 * 3072 * 2)  # utils.fused.compare_bias_gelu's default input, output and reference
+    # the notebook checks its Triton kernels on 2 x 777 tensors; their timing (utils.fused.compare_bias_gelu)
+    # runs in the grader's sandbox once the kernel is gone (grader/labs/multi_gpu/judges.py)
+    fused = 0.0
     if not c.multi_gpu:
         return [Moment("fused bias + GELU bonus (the multi-process runs are CPU processes)", fused)]
     prec = "bf16" if s.bf16 else "fp32"
@@ -265,15 +324,19 @@ def _lab03(s, c: Context) -> list[Moment]:
     # the fast path's fused weights and static cache (rounded up to 64 positions) stay referenced
     fast = fused_decoder_gib(s.model, d) + kv_gib(s.model, max(s.batches), s.prompt_len + s.new_tokens + 64, d)
     resident = model + fast
-    out = [Moment(f"copy bandwidth over {s.copy_numel:,} fp32 elements", model + _gib(2 * s.copy_numel * 4)),
+    out = [Moment(f"copy bandwidth over {s.copy_numel:,} fp32 elements",
+                  model + _gib(2 * s.copy_numel * 4) + FLUSH_GIB),
            Moment(f"prefill of {max(s.ttft_lens)} tokens", model + forward_gib(s.model, max(s.ttft_lens), d)),
            Moment(f"three decode paths and the batching sweep up to batch {max(s.batches)}",
                   resident + forward_gib(s.model, max(s.batches), d)),
            Moment("quantization comparison: a second 16-bit copy loaded beside the first",
                   resident + model + forward_gib(s.model, s.ppl_seq_len, d))]
     if c.vllm:
-        out.append(Moment("vLLM engine beside the notebook's model", resident,
+        out.append(Moment("vLLM engine beside the notebook's model (the notebook's cache emptied first)", resident,
                           (Other("vLLM engine", engine_gib(c.lab03_engine_share * c.card_gib), fixed=True),)))
+    unplaced = UNPLACED_GIB.get(("03_inference_serving", c.tier, c.vllm))
+    if unplaced is not None:
+        out.append(Moment("the lab's measured peak without vLLM, not yet placed in a cell (UNPLACED_GIB)", unplaced))
     return out
 
 
@@ -289,18 +352,20 @@ def _lab04(s, c: Context) -> list[Moment]:
 
 
 def _lab05(s, c: Context) -> list[Moment]:
-    points = _gib(3 * s.matmul_n**2 * 2 + 2 * s.copy_numel * 4)
+    points = _gib(3 * s.matmul_n**2 * 2 + 2 * s.copy_numel * 4) + FLUSH_GIB
     resident = points + states_gib(s.model) + weights_gib(s.model, 4)  # train model + AdamW, decode model
     train = train_gib(s.model, s.train_batch, s.seq_len, "fp32") - states_gib(s.model)
     decode = kv_gib(s.model, max(s.decode_batches), s.prompt_len + s.new_tokens, 4) \
         + forward_gib(s.model, max(s.decode_batches), 4)
     ckpt = train_gib(s.ckpt_model, s.ckpt_batch, s.ckpt_seq_len, "fp32")
-    peak = resident + max(train, decode)
+    run = Other("checkpointed run", ckpt)
+    # utils.kill_harness.kill_and_resume empties the notebook's cache first, then runs the reference
+    # and the run it kills side by side (the resuming process starts its CUDA work after the kill)
     return [Moment(f"training step, fp32, batch {s.train_batch} x {s.seq_len}", resident + train),
             Moment(f"decode at batch {max(s.decode_batches)}", resident + decode),
-            Moment("kill-and-resume run in its own process (the notebook's allocator keeps its peak)", peak,
-                   (Other("checkpointed run", ckpt),)),
-            Moment("checkpoint overhead, measured in the notebook's process", peak + ckpt)]
+            Moment("kill-and-resume: the reference run and the run to be killed, each in its own process "
+                   "(the notebook's cache emptied first)", resident, (run, run)),
+            Moment("checkpoint overhead, measured in the notebook's process", resident + ckpt)]
 
 
 LABS = {"00_foundations": _lab00, "01_single_gpu": _lab01, "02_multi_gpu": _lab02, "03_inference_serving": _lab03,

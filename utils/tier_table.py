@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from utils import env, tier_plan
-from utils.tier_plan import CARDS, CONTEXT_GIB, LABS, MARGIN, Card, LabPlan
+from utils.tier_plan import CARDS, CONTEXT_GIB, LABS, MARGIN, MEASURED_PEAKS, Card, LabPlan, MeasuredPeak
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN = "<!-- tier-table: written by `python -m utils.tier_table --readme`; edit utils/tier_plan.py, not this -->"
@@ -26,23 +26,44 @@ def plan(lab: str, card: Card) -> LabPlan:
     return tier_plan.plan_for(lab, card, env.phase_sizes(lab, tier), tier)
 
 
+def calibration() -> list[tuple[MeasuredPeak, LabPlan, float]]:
+    """Each measured peak (``utils.tier_plan.MEASURED_PEAKS``) with the plan on the card it was
+    measured on and that plan's device-wide peak in GiB."""
+    out = []
+    for r in MEASURED_PEAKS:
+        p = plan(r.lab, r.card)
+        out.append((r, p, p.peak[1]))
+    return out
+
+
 def text(lab: str, card: Card) -> str:
     """The plan as a learner on ``card`` reads it (the other labs' lines included where it matters)."""
     return plan(lab, card).text(env.phase_sizes)
 
 
 def readme_section() -> str:
-    """The README's table of tiers and the reasons behind its skips."""
+    """The README's table of tiers and the reasons behind its skips; a lab whose peak was measured
+    on a card of a row says so in its cell, with a letter for the machine and date below."""
     short = {lab: lab.split("_")[0] for lab in LABS}
     head = "| tier | card | memory (GiB) | dtype | torch.compile | " + " | ".join(f"lab {short[x]}" for x in LABS) + " |"
     rows = [head, "|" + "---|" * (5 + len(LABS))]
     reasons: dict[tuple[str, str], list[str]] = {}
+    letters: dict[str, str] = {}
+    measured = {}
+    for r, p, g in calibration():
+        measured[(r.card.key, r.lab)] = (r, p, g)
+        letters.setdefault(r.how, "abcdefgh"[len(letters)])
     for key in TABLE_CARDS:
         card = CARDS[key]
         cells = []
         for p in (plan(lab, card) for lab in LABS):
             need = p.peak[1] if p.peak else 0.0
-            cells.append(("runs all" if not p.skipped else "skips " + ", ".join(p.skipped)) + f"; {need:.1f}")
+            cell = ("runs all" if not p.skipped else "skips " + ", ".join(p.skipped)) + f"; {need:.1f}"
+            if (key, p.lab) in measured:
+                r, mp, g = measured[(key, p.lab)]
+                cell += f" (measured {r.gib:.1f} [{letters[r.how]}]"
+                cell += ")" if abs(g - need) < 0.05 else f" {_difference(r.card, card)}, where the plan is {g:.1f})"
+            cells.append(cell)
             for what, why in p.skipped.items():
                 labs = reasons.setdefault((what, why), [])
                 if short[p.lab] not in labs:
@@ -53,8 +74,13 @@ def readme_section() -> str:
                     + " | ".join(cells) + " |")
     sources = dict.fromkeys(CARDS[k].memory_source for k in TABLE_CARDS)
     out = [BEGIN, *rows, "",
-           f"Each lab cell: what it skips, then its estimated peak GiB per GPU ({MARGIN:.0%} margin and "
-           f"{CONTEXT_GIB} GiB of CUDA context per process included; `utils.lab_memory`). Memory: "
+           f"Each lab cell: what it skips, then its peak GiB per GPU as `nvidia-smi` would show it, an estimate "
+           f"({MARGIN:.0%} margin and {CONTEXT_GIB} GiB of CUDA context per process included; `utils.lab_memory`). "
+           "A cell that says \"measured\" also gives the lab's measured device-wide peak on that row's card "
+           "(`utils.tier_plan.MEASURED_PEAKS`; a test holds each plan at or above its measured peak and at most "
+           "15% above it); every other cell is an estimate only. A peak equal to the card's memory is the caching "
+           "allocator filling the card with blocks it gives back on demand. Measured on: "
+           + "; ".join(f"[{x}] {how}" for how, x in letters.items()) + ". Memory: "
            + "; ".join(f"{', '.join(CARDS[k].name for k in TABLE_CARDS if CARDS[k].memory_source == src)}: {src}"
                        for src in sources) + ".", ""]
     for key in TABLE_CARDS:
@@ -63,6 +89,16 @@ def readme_section() -> str:
     out += [f"- **{what}** (lab {', '.join(labs)}): {why}" for (what, why), labs in reasons.items()]
     out.append(END)
     return "\n".join(out)
+
+
+def _difference(measured: Card, card: Card) -> str:
+    """How the card a peak was measured on differs from the row's card, in a few words."""
+    parts = []
+    if measured.sms != card.sms:
+        parts.append(f"with {measured.sms} SMs")
+    if measured.lacks("vllm") and not card.lacks("vllm"):
+        parts.append("without vLLM")
+    return ", ".join(parts) or f"on {measured.name}"
 
 
 def readme_block(path: Path = README) -> str:
