@@ -194,10 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("release", help="write notebooks/ from grader/source/ (nbgrader generate_assignment)")
     r.add_argument("--check", action="store_true", help="exit 1 if notebooks/ is out of date; write nothing")
     r.add_argument("--student-repo", type=Path, metavar="DIR",
-                   help="then write the student edition (no solutions, no hidden tests) into DIR, a new or empty folder")
+                   help="then write the student edition (no solutions, no grader internals) into DIR, a new or empty folder")
     r.set_defaults(fn=_cmd_release)
 
-    c = sub.add_parser("check", help="grade one notebook with its hidden tests (self-study)")
+    c = sub.add_parser("check", help="grade one notebook as the instructor's batch would, every check included (self-study)")
     c.add_argument("notebook", type=Path)
     c.add_argument("--json-out", type=Path, help="write score, max_score and per-cell results here")
     c.add_argument("--assignment", help="assignment id (default: guessed from the notebook's cells)")

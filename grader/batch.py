@@ -1,7 +1,7 @@
 """Grade many submissions: one course copy and one worker process per student.
 
 ``grade_batch`` releases the assignment once into a master course copy (its gradebook then
-holds the source cells, hidden tests and checksums), copies that per student, repairs and
+holds the source cells and their checksums), copies that per student, repairs and
 places each notebook in nbgrader's ``submitted/`` layout, and runs ``grader.worker`` for
 each, ``jobs`` at a time. A submission that cannot be read, crashes its kernel or runs past
 its time limit gets a score of 0 and a one-line ``status``; the others are unaffected.
@@ -431,7 +431,7 @@ def _write_outputs(out: Path, work: Path, assignment: str, results: list[dict]) 
             (out / "feedback" / sid).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(fb, out / "feedback" / sid / f"{assignment}.html")
         elif not r["status"].startswith(("ok", "graded")) and not (out / "autograded" / sid / f"{assignment}.ipynb").is_file():
-            # not graded (unreadable, held for review, past its time): a feedback file that says why, in one line
+            # not graded (unreadable, its course copy changed, past its time): a feedback file that says why, in one line
             import html
 
             (out / "feedback" / sid).mkdir(parents=True, exist_ok=True)

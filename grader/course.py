@@ -219,7 +219,7 @@ def _failure_reason(text: str) -> str:
 def make_course(dest: Path, assignment: str, source_dir: Path = SOURCE_DIR) -> Path:
     """A fresh course root at ``dest`` holding ``assignment``, generated (released) there.
 
-    Its gradebook records the assignment's cells, hidden tests and checksums, which
+    Its gradebook records the assignment's cells and checksums, which
     autograde needs (nbgrader's SaveCells writes them even with ``no_database``).
     """
     from nbgrader.converters import GenerateAssignment

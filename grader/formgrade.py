@@ -15,8 +15,8 @@ the batch graded it:
 - a test cell: its score, no manual grade needed;
 - a written answer: no automatic score and a manual grade needed, or 0 when left as released
   (as nbgrader's ``SaveAutoGrades`` does it), with the number check as its automatic comment;
-- a submission that was not graded (held for review by grader/screen.py, unreadable, past its
-  time) has no graded notebook in ``OUT``: it is skipped and named, with its status.
+- a submission that was not graded (unreadable, its course copy changed, past
+  its time) has no graded notebook in ``OUT``: it is skipped and named, with its status.
 
 The formgrader counts a submission ("Manage Assignments", "# submissions") from the folder
 ``submitted/<student>/<assignment>/``, and lists it as graded only when that folder's

@@ -11,7 +11,7 @@ status:
 - ``awaiting manual grading``: written answers without a grade yet (named, with their points), or
   a submission flagged for an instructor's review;
 - ``not graded``: no graded notebook, with the batch's one-line reason (unreadable, past its time,
-  held for review), or "no submission" for a student of the roster that the class does not hold.
+  its course copy changed), or "no submission" for a student of the roster that the class does not hold.
 
 Formats:
 
@@ -49,7 +49,7 @@ Formats:
 
 In both LMS files a cell holds a number only where the grade is final: ``graded``, or ``not
 graded`` with the 0 the batch gave (an unreadable notebook). It holds no grade for a student
-awaiting manual grading, held for review, or with no submission: ``-`` for Moodle (no grade); empty
+awaiting manual grading or an instructor's review, or with no submission: ``-`` for Moodle (no grade); empty
 for Canvas, which keeps an empty cell empty, and would clear a grade typed into Canvas by hand for
 that student and assignment (its importer counts an empty cell against a grade there as a change).
 :func:`export` returns those cells, and the command prints them, with why.

@@ -1,17 +1,19 @@
-"""Read a submission's own code before it runs, and hold for review what reaches into the grader.
+"""Read a submission's own code before it runs, and flag for review what reaches into the kernel or the grader.
 
-The hidden tests run in the learner's kernel, after the learner's cells. Code that reaches into
-the interpreter, the kernel or the grader can therefore change what a later test does: an
-IPython input transformer that rewrites every test cell into ``pass``, a patched builtin, a
-replaced ``checks`` function, an edited file the grader loads. No check that runs in the same
-kernel can catch all of that after the fact, so the code is read first, as text: every code
-cell the learner wrote or changed is parsed (IPython syntax included, through IPython's own
-``TransformerManager``, so ``%%time`` bodies and ``!`` commands are read too) and walked, and
-each construct on the lists below is a :class:`Finding`. A submission with a finding is not
-graded automatically: it is held at 0 for an instructor to review, with every finding in the
-feedback. The lists are of what an answer never needs and what could raise a score (a
-crash, ``os._exit`` included, only costs the learner: it is not flagged); what a reviewer cannot tell from the
-text alone (``docs/grading.md``, "What the screen cannot see") is said there.
+A grade is decided outside the learner's kernel (docs/grading.md, "The trust model"): the judges
+run in the grader's own process on the typed answers the kernel hands over, so nothing a notebook
+does in its kernel changes a verdict. This screen is a tripwire for an instructor, not that
+defence. Code that reaches into the interpreter, the kernel or the grader has no place in an
+answer: an IPython input transformer that rewrites later cells, a patched builtin, a replaced
+``checks`` function, an edited file the grader loads. So the code is read first, as text: every
+code cell the learner wrote or changed is parsed (IPython syntax included, through IPython's own
+``TransformerManager``, so ``%%time`` bodies and ``!`` commands are read too) and walked, and each
+construct on the lists below is a :class:`Finding`. The batch (``grader/batch.py``) grades a
+submission with findings all the same, lists every finding in its notes and feedback and flags it
+for review (``needs_review`` in ``grades.csv``); ``--no-screen`` skips the screen. The lists are of
+what an answer never needs and what could raise a score (a crash, ``os._exit`` included, only
+costs the learner: it is not flagged); what a reviewer cannot tell from the text alone
+(``docs/grading.md``, "What the screen cannot see") is said there.
 
 Cells that nbgrader restores from the release before grading (the locked cells and the test
 cells) are not the learner's and are not read; neither is any cell left as the release has it.

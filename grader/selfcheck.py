@@ -1,8 +1,8 @@
 """``python -m grader check NOTEBOOK``: the whole grade of one notebook, for self-study.
 
 It is an nbgrader autograde of that one notebook (locked and test cells restored from
-``grader/source``, hidden tests included, the learner's answer cells kept), run the same way
-the instructor's batch runs it. Unlike ``nbgrader validate``, which exits 0 even when tests
+``grader/source``, the learner's answer cells kept), then the lab's judges on the answers it
+exported (``grader/judging.py``), run the same way the instructor's batch runs it. Unlike ``nbgrader validate``, which exits 0 even when tests
 fail (jupyter/nbgrader#1908) and runs whatever tests the notebook now contains, this exits
 non-zero unless every graded cell earned all its points.
 

@@ -20,7 +20,7 @@ Deleted cells: nbgrader restores an edited locked cell from the gradebook, but a
 is simply gone (only deleted *test* cells come back, with ``add_missing_cells``). Before
 grading, every cell of the released notebook that is missing from the submission (matched by
 nbgrader ``grade_id``) is put back in its place: locked cells as released (autograde then
-restores hidden tests), answer cells as the released stub, which earns nothing.
+restores them from the gradebook), answer cells as the released stub, which earns nothing.
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
         result["needs_review"] = True
         result["notes"].append("the notebook changed files of its course copy while it was graded ("
                                + ", ".join(changed[:3]) + (", ..." if len(changed) > 3 else "")
-                               + "); every attempt graded the submitted bytes; held for review")
+                               + "); every attempt graded the submitted bytes; flagged for review")
     if result["status"] != "ok":
         grades["score"] = 0.0
         result["verified_score"] = result["provisional_score"] = 0.0

@@ -18,7 +18,8 @@ shows (``26,300`` matches 26,328; ``34.8%`` matches 0.3481), or 0.5%.
 Not counted as quotes: bare integers up to 16 (counts, ranks, list items) and numbers the
 course's own text states (thresholds such as 0.5, figures quoted from RESULTS.md). The check
 reads the learner's outputs, which the learner's code printed: it tells a reviewer whether prose
-and printout agree, and the hidden tests, which re-measure, decide whether the printout is true.
+and printout agree, and the lab's judges, against the grader's own measurements, decide whether the
+printout is true.
 """
 from __future__ import annotations
 
