@@ -25,7 +25,6 @@ import json
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from nbgrader import utils as nbu
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor
 from traitlets import Bool, Integer, Unicode
 
-from grader import REPO_ROOT, definitions, labs
+from grader import REPO_ROOT, definitions, labs, processes
 from grader.names import ANSWERS_MARK, KEEP_DIRS_VAR
 
 CODE = definitions.read_code(REPO_ROOT)  # the course code sandboxes run on, read before any notebook ran
@@ -44,14 +43,7 @@ TAG = "gpulab"  # cell and notebook metadata this module writes, removed again b
 def no_tracing() -> None:
     """Make this process's memory, environment and working directory unreadable to other processes of
     the same user (Linux ``PR_SET_DUMPABLE`` = 0: prctl(2)): a sandbox cannot read the grader's state."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # 4 = PR_SET_DUMPABLE (linux/prctl.h)
-    except (OSError, AttributeError):
-        pass
+    processes.prctl(processes.PR_SET_DUMPABLE, 0)
 
 
 def graded_code(cell) -> bool:

@@ -9,18 +9,26 @@ from __future__ import annotations
 
 import sys
 
+PR_SET_DUMPABLE = 4  # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36
 
-def become_subreaper() -> None:
-    """Adopt this process's orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``), so that
-    what a notebook starts in a new session stays findable by :func:`kill_descendants`."""
+
+def prctl(option: int, arg: int) -> None:
+    """prctl(2) on Linux, through libc; nothing elsewhere or where libc does not answer."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # 36 = PR_SET_CHILD_SUBREAPER (linux/prctl.h)
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def become_subreaper() -> None:
+    """Adopt this process's orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``), so that
+    what a notebook starts in a new session stays findable by :func:`kill_descendants`."""
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def descendants() -> set[tuple[int, float]]:
