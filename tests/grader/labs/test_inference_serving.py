@@ -357,7 +357,7 @@ def scheduler(*, reserve=False, leak=False, owed=True, static=False, skip=False,
     ({"owed": False}, "leaves too few blocks|you admitted|ran out|MemoryError"),
     ({"static": True}, "you admitted requests"),
     ({"skip": True}, "you admitted requests"),
-    ({"block_size": 4}, r"holds \d+ blocks|you admitted"),
+    ({"block_size": 4}, r"holds \d+ blocks|you admitted|does not finish"),
     ({"batch_cap": False}, "more than max_batch"),
 ])
 def test_wrong_schedulers_fail_on_the_drawn_traces(sol, mistake, match):

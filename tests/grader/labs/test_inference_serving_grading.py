@@ -115,7 +115,7 @@ def test_the_graders_rule_is_out_of_reach_of_the_scheduler(tmp_path, monkeypatch
         "    reference.rule_schedule(engine)\n")
     bad = _judge(_with(nb, "paged_answer", cheat), {"test_batching": values}, tmp_path, monkeypatch, measure)
     v = bad["test_batching"]
-    assert v.points == 0 and "rule_schedule is the course's implementation" in v.message, v.message
+    assert v.points == 0 and "reference.rule_schedule, the course's own implementation" in v.message, v.message
 
 
 # -- the grader's own measurements ------------------------------------------------------------------

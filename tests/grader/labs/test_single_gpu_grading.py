@@ -116,7 +116,7 @@ def test_a_hostile_submission_scores_only_its_honest_work(graded):
     assert {c: got[c]["score"] for c in AUTO} == dict.fromkeys(AUTO, 0) | {"test_cause": 2}, text
     assert "called utils.flops.mfu_from_throughput" in got["test_rates"]["message"], text
     assert "utils.profile_diagnosis.diagnose" in got["test_unseen"]["message"], text
-    assert "the course's own rules" in got["test_diagnosis"]["message"], text
+    assert "utils.profile_diagnosis.diagnose, the course's own implementation" in got["test_diagnosis"]["message"], text
     assert "baseline_tps = 4.21e+04 tokens/s, but the grader measured" in got["test_baseline"]["message"], text
     assert "must fall at least 0.25x as far" in got["test_optimized"]["message"], text
     assert "lora_peak_gib = 4.09 GiB, but the grader measured" in got["test_finetune"]["message"], text
