@@ -13,13 +13,17 @@ into one line each:
   NotImplementedError raised by an exercise's function stub, print one line naming the exercise to
   finish first, by the heading above it and its cell's grade id;
 - in the exercise's own cell, a NotImplementedError prints ``exercise ...: not done yet ...``;
+- any other error in a course cell that needs an open exercise (a dict entry the exercise's cell
+  would have added, a child process that ran a stub) names the exercise, and keeps the error's type
+  and first line;
 - anything else (a typo's NameError, an error inside the learner's own code, a library's
   NotImplementedError) keeps IPython's traceback.
 
 Which names an exercise defines is read from the released notebook alone (:func:`build`): the
 names a cell binds at module level (``symtable``), and the names a cell reads that no cell of the
 release binds, which the nearest exercise cell at or above it must define; the graded cells' answer
-names (``grader/labs/<lab>/answers.py``) join the same way. Which cell runs is told by the cell id
+names (``grader/labs/<lab>/answers.py``) join the same way. A cell that reads a name an exercise cell
+above it fills in (an item or attribute assigned there) needs that exercise too. Which cell runs is told by the cell id
 Jupyter sends (ipykernel passes it to ``pre_run_cell``'s ``ExecutionInfo.cell_id``), else by the
 cell's text: a course cell's text matches the release exactly; an exercise cell is the one whose
 own lines (those no other cell has) the running cell keeps.
@@ -173,6 +177,40 @@ def _stub_names(text: str) -> set[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and raises_stub(node)}
 
 
+def _changed(text: str) -> set[str]:
+    """Names whose contents a cell changes where it runs, without binding them: the root name of an item or
+    attribute it assigns or deletes at module level (``rows["optimized"] = row``, ``cfg.batch = 8``). A
+    later cell that reads such a name needs that cell to have run to its end, as it needs the cell that
+    binds it."""
+    try:
+        tree = ast.parse(_python(text))
+    except (SyntaxError, ValueError):
+        return set()
+    out: set[str] = set()
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue  # runs later, if at all
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        for target in targets:
+            for t in ast.walk(target):
+                if isinstance(t, (ast.Subscript, ast.Attribute)):
+                    root = t.value
+                    while isinstance(root, (ast.Subscript, ast.Attribute)):
+                        root = root.value
+                    if isinstance(root, ast.Name):
+                        out.add(root.id)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def _heading(markdown: str) -> str | None:
     heads = [ln.lstrip("#").strip() for ln in markdown.splitlines() if ln.startswith("#")]
     if not heads:
@@ -222,15 +260,19 @@ def build(nb: Mapping, lab: str = "", answers: Mapping[str, Any] | None = None) 
             g = owner.get(name)
             if g is not None and (g != cid or name in (answers or {}).get(cid, {})):
                 exports.setdefault(g, set()).add(name)
+    changed = {cid: _changed(text) for cid, _, text in cells}
     needs: dict[str, tuple[str, ...]] = {}
     order = [cid for cid, _, _ in cells]
-    for cid, _, _ in cells:
+    for i, (cid, _, _) in enumerate(cells):
         found: set[str] = set()
         for name in scanned[cid][1] | set((answers or {}).get(cid, {})):
             if owner.get(name) not in (None, cid):
                 found.add(owner[name])
             elif name in course_defs and course_defs[name] != cid and course_defs[name] in needs:
                 found.update(needs[course_defs[name]])
+            for above, _, _ in cells[:i]:  # a cell above that fills it in: an exercise, or a course cell waiting on one
+                if name in changed[above]:
+                    found.update({above} if kinds[above] == "exercise" else needs[above])
         needs[cid] = tuple(sorted(found, key=order.index))
     exercises = {}
     for cid, kind, text in cells:
@@ -345,7 +387,31 @@ class Hints:
         self.cell = self.map.which_cell(getattr(info, "raw_cell", "") or "", getattr(info, "cell_id", None))
 
     def line(self, value: BaseException, tb, ns: Mapping[str, Any], shell=None) -> str | None:
-        """The one line for this exception in the cell running now, or None for IPython's traceback."""
+        """The one line for this exception in the cell running now, or None for IPython's traceback.
+
+        Past the NameError and NotImplementedError cases of the module docstring, any other error in a
+        course cell that needs an open exercise (``rows["optimized"]`` missing because the exercise
+        that fills it stopped; a child process failing on a stub) names that exercise, and keeps the
+        error's own type and first line in the message."""
+        line = self._specific(value, tb, ns, shell)
+        if line is not False:
+            return line
+        kind, cid = self.cell
+        if kind != "course" or cid not in self.map.needs:
+            return None
+        gone = [g for g in self.map.needs[cid] if not done(self.map.exercises[g], ns)]
+        if not gone:
+            return None  # every exercise it needs is done: a real error, with its traceback
+        first = self.map.exercises[gone[0]]
+        more = f" ({len(gone) - 1} more open exercise{'s' if len(gone) > 2 else ''} above this cell)" \
+            if len(gone) > 1 else ""
+        said = (str(value).strip().splitlines() or [""])[0][:160]
+        return (f"this cell needs the exercise {first.label}, which is not done yet{more}: finish it and run the "
+                f"cells from there down (the error here: {type(value).__name__}{': ' + said if said else ''})")
+
+    def _specific(self, value: BaseException, tb, ns: Mapping[str, Any], shell=None) -> str | None | bool:
+        """The NameError and NotImplementedError cases: a line, None for the traceback, False for neither
+        (a NotImplementedError no stub explains is left to the course-cell rule of :meth:`line`)."""
         kind, cid = self.cell
         m = self.map
         if type(value) is NameError:
@@ -367,35 +433,35 @@ class Hints:
                         if len(gone) > 1 else ""
                     return (f"{name} comes from a cell that needs the exercise {first.label}, which is not done "
                             f"yet{more}: finish it and run the cells from there down")
-            return None
+            return None  # a name no exercise explains (a typo in an edited cell): the traceback
         if type(value) is NotImplementedError:
             last = _innermost(tb)
             if last is None:
-                return None
+                return False
             code = last.tb_frame.f_code
             in_cell = _in_cell(shell, code) if shell is not None else code.co_filename.startswith("<")
             if not in_cell:
-                return None  # a library's NotImplementedError
+                return False  # a library's NotImplementedError: a course cell waiting on an exercise says so
             if code.co_name == "<module>":
                 if kind == "exercise":
                     ex = m.exercises[cid]
                     return f"exercise {ex.label}: not done yet: write your answer in place of `{CODE_STUB}`, then run this cell"
-                return None
+                return False
             qual = getattr(code, "co_qualname", code.co_name)
             top = qual.split(".")[0]
             ex = m.exercise_of(top)
             if ex is None or top not in ex.stubs:
-                return None
+                return False
             obj = ns.get(top)
             if isinstance(obj, type):  # a method of a class the exercise stubs
                 obj = vars(obj).get(code.co_name)
             if getattr(obj, "__code__", None) is not code:
-                return None  # not the function of that name the notebook holds now
+                return False  # not the function of that name the notebook holds now
             if kind == "exercise" and cid == ex.grade_id:
                 return f"exercise {ex.label}: not done yet: {qual} still raises NotImplementedError; write its body, then run this cell"
             return (f"{qual} is still the stub of the exercise {ex.label}, which is not done yet: "
                     "finish it and run its cell, then this one")
-        return None
+        return False
 
 
 def _handler(hints: Hints):
@@ -441,6 +507,6 @@ def install(lab: str, repo: str | Path, shell=None) -> Hints | None:
         shell.events.unregister("pre_run_cell", previous.pre_run_cell)
     shell.events.register("pre_run_cell", hints.pre_run_cell)
     handler = _handler(hints)
-    shell.set_custom_exc((NameError, NotImplementedError), handler)
+    shell.set_custom_exc((Exception,), handler)
     shell._gpulab_hints = hints
     return hints
