@@ -3,7 +3,8 @@
     python benchmarks/phase1_single_gpu.py --out DIR            # on a GPU: GPT-2-small + Llama-1.1B
     python benchmarks/phase1_single_gpu.py --out DIR --smoke    # on a CPU: tiny presets, plumbing only
 
-Writes ``DIR/phase1_loops.json`` (each loop variant: tokens/s, step times, MFU, GPU
+Writes ``DIR/phase1_loops.json`` (the matmul ceiling measured first, ``utils.matmul_ceiling``; each
+loop variant: tokens/s, step times, MFU against the datasheet peak and against that ceiling, GPU
 utilization, peak memory; the profiler's summary of the naive and optimized loops) and
 ``DIR/phase1_finetune.json`` (each LoRA/QLoRA recipe: peak memory split into weights,
 optimizer, gradients and activations, tokens/s, whether every adapter got a gradient).
@@ -16,13 +17,11 @@ import argparse
 import gc
 import json
 import os
-import sys
 import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 
@@ -61,12 +60,15 @@ def ladder(smoke: bool):
 def run_loops(out: Path, smoke: bool, steps: int, only: tuple = ()) -> dict:
     import torch
 
+    from utils import matmul_ceiling
     from utils.profiling import profile_steps
-    from utils.training import build_loop, measure_loop
+    from utils.training import best_precision, build_loop, measure_loop
 
     preset = "gpt2-tiny" if smoke else "gpt2-small"
+    ceiling = matmul_ceiling.measure(best_precision())  # MFU is also read against what the card's matmuls reach
+    print(f"matmul ceiling: {ceiling}", flush=True)
     res = {"preset": preset, "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-           "torch": torch.__version__, "variants": [], "profiles": {}}
+           "torch": torch.__version__, "matmul_ceiling": asdict(ceiling), "variants": [], "profiles": {}}
     for name, cfg in ladder(smoke):
         if only and name not in only:
             continue
@@ -75,7 +77,7 @@ def run_loops(out: Path, smoke: bool, steps: int, only: tuple = ()) -> dict:
         try:
             loop = build_loop(preset, cfg)
             row.update(measure_loop(loop, steps=steps, warmup_steps=3))
-            row["flops_per_token"] = loop.flops_per_token
+            row["of_matmul_ceiling"] = matmul_ceiling.fraction(row.get("achieved_tflops"), ceiling)
             if name == "naive" or name.endswith("(optimized)"):
                 s = profile_steps(loop.step, steps=5, warmup=2, wait=1)
                 res["profiles"][name] = {k: v for k, v in s.to_dict().items() if k != "top"}
@@ -87,7 +89,8 @@ def run_loops(out: Path, smoke: bool, steps: int, only: tuple = ()) -> dict:
             traceback.print_exc()
         row["wall_s"] = time.perf_counter() - t0
         res["variants"].append(row)
-        print(json.dumps({k: row.get(k) for k in ("name", "tokens_per_s", "mfu", "util_gpu_pct", "peak_allocated_gib",
+        print(json.dumps({k: row.get(k) for k in ("name", "tokens_per_s", "mfu", "of_matmul_ceiling", "util_gpu_pct",
+                                                 "peak_allocated_gib",
                                                  "error", "wall_s")}), flush=True)
         gc.collect()
         if torch.cuda.is_available():

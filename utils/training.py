@@ -237,8 +237,10 @@ def peak_tflops_for(precision: str, spec=None) -> float | None:
 def measure_loop(loop: TrainLoop, steps: int, warmup_steps: int = 3, monitor: bool = True) -> dict:
     """Run ``warmup_steps + steps`` steps under a ``utils.timing.Stopwatch``, the measured
     ``steps`` also under a GpuMonitor (so its utilization covers only them);
-    returns tokens/s, step times, MFU against the datasheet peak of the loop's precision
-    (None on a CPU), mean GPU utilization and peak allocated memory (CUDA)."""
+    returns tokens/s, step times, the model FLOP/s they make (``achieved_tflops``, from the loop's
+    ``flops_per_token``), MFU against the datasheet peak of the loop's precision (None on a CPU;
+    ``utils.matmul_ceiling.fraction`` reads ``achieved_tflops`` against the matmul ceiling measured
+    on the device instead), mean GPU utilization and peak allocated memory (CUDA)."""
     import torch
 
     from utils.flops import mfu_from_throughput
@@ -261,6 +263,7 @@ def measure_loop(loop: TrainLoop, steps: int, warmup_steps: int = 3, monitor: bo
     peak = peak_tflops_for(loop.config.precision)
     out = {"tokens_per_s": s["tokens_per_s"], "median_ms": s["median_ms"], "p20_ms": s["p20_ms"],
            "p80_ms": s["p80_ms"], "steps": s["steps"], "method": s["method"],
+           "flops_per_token": loop.flops_per_token, "achieved_tflops": s["tokens_per_s"] * loop.flops_per_token / 1e12,
            "mfu": mfu_from_throughput(s["tokens_per_s"], loop.flops_per_token, peak) if peak else None,
            "peak_tflops": peak, "util_gpu_pct": None, "peak_allocated_gib": None}
     if monitor:

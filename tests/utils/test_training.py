@@ -41,6 +41,7 @@ def test_naive_and_optimized_loops_train_on_cpu():
     assert fast.flops_per_token == naive.flops_per_token  # padding adds no useful FLOPs
     row = training.measure_loop(naive, steps=2, warmup_steps=1, monitor=False)
     assert row["tokens_per_s"] > 0 and row["mfu"] is None  # no datasheet peak for a CPU
+    assert row["achieved_tflops"] == pytest.approx(row["tokens_per_s"] * naive.flops_per_token / 1e12)
 
 
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
