@@ -24,8 +24,6 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from utils.distributed import LINK_PEAKS, allreduce_benchmark, exit_without_teardown, link_peak, parse_size_bytes  # noqa: E402
 
 GPU_SIZES = "1MiB,16MiB,256MiB,1GiB"

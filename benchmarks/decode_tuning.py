@@ -40,8 +40,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 # name -> (coordinate_descent_tuning, FastDecoder options)
 VARIANTS = {
     "default": (False, {"decode_attention": "sdpa"}),

@@ -25,8 +25,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 PROG = "fused_check.py"
 GPU_SIZES = [(1024, 3072), (4096, 3072), (16384, 3072), (65536, 3072), (16384, 5632)]
 GPU_BLOCKS = (1024, 4096)

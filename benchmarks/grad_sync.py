@@ -24,8 +24,6 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from utils.distributed import exit_without_teardown  # noqa: E402
 from utils.grad_sync import LEARNER_VERSIONS, exposed_share, sizes, vs_ddp  # noqa: E402
 

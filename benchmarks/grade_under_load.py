@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from utils.hardware import _cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from utils.hardware import _cpu_name  # noqa: E402 (the CPU model, /proc/cpuinfo)
 
 LABS = ("00_foundations", "01_single_gpu", "02_multi_gpu", "03_inference_serving", "04_benchmarking_production",
         "05_hardware_and_cost")

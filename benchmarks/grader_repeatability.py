@@ -43,13 +43,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from grader import expect, labs
+from grader.measuring import Measured
+from utils.env import device_tier, smoke_mode
+from utils.hardware import fingerprint
+from utils.record import utils_hash
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from grader import expect, labs  # noqa: E402
-from grader.measuring import Measured  # noqa: E402
-from utils.env import device_tier, smoke_mode  # noqa: E402
-from utils.hardware import fingerprint  # noqa: E402
-from utils.record import utils_hash  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "cpu-grader-repeatability" / "grader_repeatability.json"
 MIN_RUNS = 2  # a spread needs two runs: a lab stops early for --budget-s only after this many

@@ -16,8 +16,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 KEEP = ("world_size", "distributed_type", "fsdp_version", "sharding_strategy", "tokens_per_s_per_device",
         "scaling_efficiency", "peak_allocated_gib_per_rank", "fsdp_mixed_precision")
 

@@ -30,10 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from utils import loadgen
 
-from utils import loadgen  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _timed_server():

@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 COURSE, VLLM_BENCH = "course", "vllm-bench"
 METRICS = ("ttft", "tpot", "itl", "e2el")

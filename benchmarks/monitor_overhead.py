@@ -27,10 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from utils.monitor import GpuMonitor  # noqa: E402
-from utils.timing import device_sync  # noqa: E402
+from utils.monitor import GpuMonitor
+from utils.timing import device_sync
 
 GPU_SHAPE = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}  # GPT-2 small
 SMOKE_SHAPE = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512, "n_positions": 64,

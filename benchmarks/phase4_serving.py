@@ -28,8 +28,6 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 CONFIGS = {  # name -> utils.serve.start options
     "cb-bf16": {},
     "sequential-bf16": {"continuous_batching": False},

@@ -88,8 +88,6 @@ import tempfile  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from utils.distributed import exit_without_teardown  # noqa: E402
 from utils.post_training import GenerationTimer, overlap_reward, window_clock  # noqa: E402
 

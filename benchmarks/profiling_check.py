@@ -30,12 +30,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from utils import hardware, profiling  # noqa: E402
+from utils import hardware, profiling
 
 
 @dataclass(frozen=True)

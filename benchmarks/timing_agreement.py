@@ -21,12 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from utils.hardware import CPU_SPEC, current_spec, fingerprint, spec_dict  # noqa: E402
-from utils.record import utils_hash  # noqa: E402
-from utils.timing import benchmark  # noqa: E402
-from utils.units import gb_per_s, tflop_per_s  # noqa: E402
+from utils.hardware import CPU_SPEC, current_spec, fingerprint, spec_dict
+from utils.record import utils_hash
+from utils.timing import benchmark
+from utils.units import gb_per_s, tflop_per_s
 
 MIB = 2**20
 GPU_SIZES = {"matmul_n": (2048, 4096, 8192), "copy_bytes": (64 * MIB, 256 * MIB, 1024 * MIB)}

@@ -24,8 +24,6 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.multi_gpu_checks import UsageError, check_config, check_launch, validate  # noqa: E402
 from benchmarks.multi_gpu_compile import COMM_REORDERS, DDP_OPTIMIZERS  # noqa: E402
 from benchmarks.multi_gpu_run import run  # noqa: E402

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 LAB03 = ROOT / "grader" / "source" / "03_inference_serving" / "03_inference_serving.ipynb"
 
 

@@ -14,7 +14,8 @@ names) decide the grades. The student edition holds what a learner runs and noth
   its sizes; never its judges, reference, harness or rules: :func:`lab_files`), ``student_check.py``
   and ``__main__.py``, which runs ``student_check`` where there is no ``grader/source/``;
 - ``deploy/``, the ``benchmarks/`` scripts the labs launch (any that needs an instructor module is
-  left out; no measured results), ``docs/reference.md``, the requirements, ``course.toml``;
+  left out; no measured results), ``docs/reference.md``, the requirements, ``pyproject.toml`` (so
+  ``pip install -e .`` installs ``utils`` and ``grader``), ``course.toml``;
 - a ``.gitignore`` that keeps the records a learner hands in (:func:`gitignore`);
 - ``jupyter/``: Jupyter configuration that turns off nbgrader's Validate button (its
   ``validate_assignment`` server extension and ``@jupyter/nbgrader:validate-assignment`` lab
@@ -40,7 +41,7 @@ from grader import release as R
 GRADER_AS_IS = ("__init__.py", "__main__.py", "checks.py", "student_check.py", "names.py", "schema.py", "answers.py",
                 "labs/__init__.py")
 TREES = ("utils", "deploy", "benchmarks")
-FILES = ("requirements.txt", "environment.yml", "course.toml", "docs/reference.md")
+FILES = ("requirements.txt", "environment.yml", "pyproject.toml", "course.toml", "docs/reference.md")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.record.json", ".venv*")
 BENCHMARK_RESULTS = ("results", "RESULTS.md", "HISTORY.md")  # measured on the course's GPUs: not the learner's to see
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION", "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
@@ -136,7 +137,7 @@ sizes on the CPU, lenient checks).
 ## On your own machine
 
 ```bash
-pip install -r requirements.txt && python -m utils
+pip install -r requirements.txt -e . && python -m utils
 JUPYTER_CONFIG_PATH="$PWD/jupyter" jupyter lab notebooks/{first}.ipynb
 ```
 

@@ -272,3 +272,19 @@ def test_the_architecture_doc_names_every_module_and_only_those():
 def test_a_module_is_described_by_its_path_within_its_package():
     doc = "## grader/\n| `answers.py` | x |\n| `labs/foundations/answers.py` | y |\n## tests/\n`test_x.py`\n"
     assert described(doc) == {"grader/answers.py", "grader/labs/foundations/answers.py"}
+
+
+def test_no_module_edits_the_import_path():
+    """`pip install -e .` puts the packages on the path; a script that inserts the repository itself
+    imports a second copy wherever it is run from. nbgrader's config is the exception: nbgrader runs
+    it inside a course copy (grader/course.py), whose own grader/ it must import, not the installed one."""
+    allowed = {"grader/nbgrader_config.py"}
+    found = []
+    for p in tracked():
+        rel = p.relative_to(ROOT).as_posix()
+        if p.suffix == ".py" and rel.split("/")[0] in (*PACKAGES, "benchmarks") and rel not in allowed:
+            tree = ast.parse(p.read_text(encoding="utf-8"))
+            found += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr in ("insert", "append")
+                      and ast.unparse(n.func.value) == "sys.path"]
+    assert not found, f"modules that edit sys.path: {found}"

@@ -140,7 +140,7 @@ def test_the_edition_has_what_a_learner_runs_and_nothing_that_grades(edition):
     from grader.edition import GRADER_AS_IS
 
     top = {p.name for p in edition.iterdir()}
-    assert {"notebooks", "utils", "grader", "deploy", "benchmarks", "jupyter", "README.md", "requirements.txt"} <= top
+    assert {"notebooks", "utils", "grader", "deploy", "benchmarks", "jupyter", "README.md", "requirements.txt", "pyproject.toml"} <= top
     assert not {"tests", ".git"} & top and not (edition / "docs" / "grading.md").exists()
     assert sorted(p.stem for p in (edition / "notebooks").glob("*.ipynb")) == assignments()
     shipped = {p.relative_to(edition / "grader").as_posix() for p in (edition / "grader").rglob("*") if p.is_file()}
