@@ -105,7 +105,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from utils import decode, env, inference, kvcache, quantize
+    from grader import labs
+    from utils import decode, inference, kvcache, quantize
     from utils.hardware import current_spec, fingerprint
     from utils.models import build_model, get_tokenizer, token_batches
     from utils.units import GB
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
     if a.smoke:
         os.environ["GPULAB_SMOKE"] = "1"
     tier = "cpu" if a.smoke or not torch.cuda.is_available() else "h100"
-    s = env.phase_sizes("03_inference_serving", tier)
+    s = labs.sizes("03_inference_serving", tier)
     device = torch.device("cpu" if tier == "cpu" else "cuda")
     dtype = quantize.reference_mode(device)
     run = Run(a.out, a.budget_s)

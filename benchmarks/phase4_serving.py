@@ -4,7 +4,7 @@
     python benchmarks/phase4_serving.py --out FILE.json --smoke     # on a CPU: llama-tiny, plumbing only
 
 The engine is ``transformers serve`` (``utils.serve``): the lab's sizes for this device
-(``utils.env.phase_sizes("04_benchmarking_production")``), random weights, exact output
+(``grader.labs.sizes("04_benchmarking_production")``), random weights, exact output
 lengths. The baseline configuration (continuous batching, bf16) gets what the notebook does:
 a synchronous calibration run, SLOs from it (TTFT 5x, TPOT 3x, E2E latency 4x the unloaded
 p50, the notebook's reference answer), a load sweep, the capacity under those SLOs (90% of
@@ -67,9 +67,9 @@ def main(argv=None) -> int:
 
     import torch
 
+    from grader.labs import sizes as lab_sizes
     from grader.labs.benchmarking_production import judges as R
     from utils import hardware, loadgen, nvml, serve
-    from utils.env import phase_sizes
     from utils.units import gb_per_s
 
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     if not gpu and not a.smoke:
         print("error: no CUDA GPU visible; use --smoke for the CPU plumbing run", file=sys.stderr)
         return 2
-    sizes = phase_sizes("04_benchmarking_production", None if gpu else "cpu")
+    sizes = lab_sizes("04_benchmarking_production", None if gpu else "cpu")
     cap_s = a.max_duration_s or sizes.max_duration_s
     device = "cuda" if gpu else "cpu"
     spec = hardware.current_spec() if gpu else hardware.CPU_SPEC

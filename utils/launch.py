@@ -42,7 +42,7 @@ class Plan(NamedTuple):
     nproc: int  # processes of the N-device runs
     n_gpus: int
     tier: str  # the sizes' tier (utils.env)
-    sizes: Any  # utils.env.Phase2Sizes
+    sizes: Any  # grader/labs/multi_gpu/sizes.py's Phase2Sizes
     note: str
     work: str  # folder for the runs' JSON and logs
 
@@ -55,11 +55,11 @@ def plan_for(n_gpus: int, smoke: bool, tier: str, work: str | None = None) -> Pl
     """Two or more GPUs: N = all of them over NCCL at the tier's sizes. Otherwise two CPU
     processes over gloo at smoke sizes (one process per GPU is what DDP needs, so one GPU
     cannot show scaling)."""
-    from utils.env import phase_sizes
+    from grader.labs import sizes
 
     work = work or tempfile.mkdtemp(prefix="gpulab-phase2-")
     if not smoke and n_gpus >= 2:
-        return Plan("nccl", n_gpus, n_gpus, tier, phase_sizes(ASSIGNMENT, tier),
+        return Plan("nccl", n_gpus, n_gpus, tier, sizes(ASSIGNMENT, tier),
                     f"{n_gpus} GPUs: one process per GPU over NCCL, {tier} sizes", work)
     if not smoke and n_gpus == 1:
         note = ("ONE GPU: scaling across GPUs cannot be measured here (DDP needs a process per GPU). The "
@@ -67,7 +67,7 @@ def plan_for(n_gpus: int, smoke: bool, tier: str, work: str | None = None) -> Pl
                 "plumbing. For real numbers use two GPUs (Kaggle: Accelerator > GPU T4 x2).")
     else:
         note = "NO GPU (smoke mode): 2 CPU processes over gloo at tiny sizes; the numbers check the plumbing, not a GPU."
-    return Plan("gloo", 2, n_gpus, "cpu", phase_sizes(ASSIGNMENT, "cpu"), note, work)
+    return Plan("gloo", 2, n_gpus, "cpu", sizes(ASSIGNMENT, "cpu"), note, work)
 
 
 def plan(work: str | None = None) -> Plan:
@@ -251,7 +251,7 @@ def run_allreduce(p: Plan, name: str = "allreduce", *, env: dict | None = None, 
 
 def run_post_training(p: Plan, name: str = "post_train_trl", verbose: bool = True) -> dict | None:
     """TRL SFT then DPO on every process of the plan (``benchmarks/post_train_trl.py``) at the
-    tier's ``post_batch`` x ``post_max_len`` (``utils.env.Phase2Sizes``), or
+    tier's ``post_batch`` x ``post_max_len`` (``grader/labs/multi_gpu/sizes.py``), or
     None with one line saying why not (script or TRL missing, the run failed): ungraded."""
     script = POST_TRAIN
     if not script.is_file():

@@ -291,7 +291,7 @@ class LabPlan:
                 f"estimate (utils.lab_memory) with {MARGIN:.0%} margin and {CONTEXT_GIB} GiB of CUDA context per process")
 
     def text(self, sizes_of: Callable[[str, str], object] | None = None) -> str:
-        """The plan as the device cell prints it; ``sizes_of(lab, tier)`` (``utils.env.phase_sizes``)
+        """The plan as the device cell prints it; ``sizes_of(lab, tier)`` (``grader.labs.sizes``)
         adds the other labs' one-line plans on a card that cannot run everything (a P100)."""
         title = f"Plan for {self.lab}: {self.card.name}, {self.size_tier} sizes"
         lines = [title, "  " + "-" * len(title)]

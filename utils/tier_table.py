@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from grader import labs
 from utils import env, tier_plan
 from utils.tier_plan import CARDS, CONTEXT_GIB, LABS, MARGIN, MEASURED_PEAKS, Card, LabPlan, MeasuredPeak
 
@@ -23,7 +24,7 @@ TABLE_CARDS = ("t4", "t4x2", "p100", "l4", "a100-40gb", "h100")
 def plan(lab: str, card: Card) -> LabPlan:
     """``lab``'s plan on ``card`` at the sizes ``utils.env`` gives that card."""
     tier = tier_plan.sizes_tier(lab, card)
-    return tier_plan.plan_for(lab, card, env.phase_sizes(lab, tier), tier)
+    return tier_plan.plan_for(lab, card, labs.sizes(lab, tier), tier)
 
 
 def calibration() -> list[tuple[MeasuredPeak, LabPlan, float]]:
@@ -38,7 +39,7 @@ def calibration() -> list[tuple[MeasuredPeak, LabPlan, float]]:
 
 def text(lab: str, card: Card) -> str:
     """The plan as a learner on ``card`` reads it (the other labs' lines included where it matters)."""
-    return plan(lab, card).text(env.phase_sizes)
+    return plan(lab, card).text(labs.sizes)
 
 
 def readme_section() -> str:

@@ -81,8 +81,8 @@ class Lab:
         return mod
 
     def sizes(self, tier: str | None = None) -> Any:
-        """This lab's sizes for ``tier`` (default: this device's, ``utils.env.device_tier``)."""
-        return self.part("sizes").sizes(tier)
+        """This lab's sizes for ``tier`` (default: this device's): :func:`sizes`."""
+        return sizes(self.assignment, tier)
 
     def __repr__(self) -> str:
         return f"Lab({self.assignment!r})"
@@ -94,6 +94,47 @@ def load(assignment: str) -> Lab:
     if assignment not in REGISTRY:
         raise LabError(f"no lab {assignment!r}; the labs are {', '.join(REGISTRY)}")
     return Lab(assignment, f"{__name__}.{REGISTRY[assignment]}")
+
+
+def sizes(assignment: str, tier: str | None = None) -> Any:
+    """The sizes of ``assignment`` (``"00_foundations"``) for ``tier``: one of ``utils.env.TIERS``, default
+    this device's (``utils.env.device_tier``). With no tier given, a smaller tier forced on a bigger GPU
+    (``GPULAB_TIER``) also caps this process to the rehearsed card's memory and dtype, and says so once
+    (``utils.rehearsal.apply``). LabError for an unknown lab, ValueError for an unknown tier."""
+    from utils import env, rehearsal
+
+    table = load(assignment).part("sizes").BY_TIER
+    if tier is None:
+        line = rehearsal.apply()
+        if line and line not in _SAID:
+            _SAID.add(line)
+            print(line)
+        tier = env.device_tier()
+    if tier not in table:
+        raise ValueError(f"no {tier!r} sizes for {assignment}; the tiers are {', '.join(table)}")
+    return table[tier]
+
+
+_SAID: set[str] = set()
+
+
+class PrintsPlan:
+    """A lab's sizes (a frozen dataclass in its ``sizes.py``) print (``str``, what ``print(SIZES)``
+    shows) as their tier plan, ``utils.tier_plan``: the card, dtype, ``torch.compile``, what runs,
+    what is skipped and why, and whether it fits the card's memory. ``repr``, fields, ``==`` and
+    ``dataclasses.asdict`` stay the dataclass's."""
+
+    def __str__(self) -> str:
+        try:
+            from utils import env, tier_plan
+
+            lab = next(a for a in REGISTRY if type(load(a).part("sizes").BY_TIER["cpu"]) is type(self))
+            tiers = load(lab).part("sizes").BY_TIER
+            tier = next((t for t, s in tiers.items() if s is self), None) or next(
+                (t for t, s in tiers.items() if s == self), env.device_tier())
+            return tier_plan.describe(self, lab, tier, env.smoke_mode(), sizes)
+        except Exception as exc:  # the sizes still print when the plan cannot be made
+            return f"{self!r}\n(no plan: {type(exc).__name__}: {exc})"
 
 
 def has(assignment: str, part: str) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from utils.env import phase_sizes
+from grader.labs import sizes as lab_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "slurm" / "train-multi-node.sbatch"
@@ -31,7 +31,7 @@ WORKER = re.compile(r"worker: rank (\d+) of (\d+), local rank (\d+), node rank (
 
 def _smoke_args() -> list[str]:
     """train_multi_gpu.py's options at lab 02's CPU sizes, as utils/launch.py run_training passes them."""
-    s = phase_sizes("02_multi_gpu", "cpu")
+    s = lab_sizes("02_multi_gpu", "cpu")
     return ["--preset", s.model, "--batch-per-device", str(s.batch_per_device), "--seq", str(s.seq_len),
             "--steps", str(s.steps), "--warmup", str(s.warmup)]
 
@@ -104,7 +104,7 @@ def test_two_slurm_tasks_train_as_two_nodes_over_a_c10d_rendezvous(slurm, tmp_pa
 @pytest.mark.slow
 def test_the_same_launch_measures_the_all_reduce_across_the_tasks(slurm, tmp_path):
     """GPULAB_SCRIPT=benchmarks/allreduce.py: the bus bandwidth between "nodes", as lab 02 measures it on one."""
-    sizes = phase_sizes("02_multi_gpu", "cpu").allreduce_sizes.split(",")[:2]
+    sizes = lab_sizes("02_multi_gpu", "cpu").allreduce_sizes.split(",")[:2]
     out = _run_job(tmp_path, ["--smoke", "--sizes", ",".join(sizes), "--iters", "5"], GPULAB_SCRIPT="benchmarks/allreduce.py")
     res = json.loads((out / "result.json").read_text())
     assert res["world_size"] == 2 and res["backend"] == "gloo", res

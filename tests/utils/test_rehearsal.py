@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grader import labs
 from utils import engines, env, model_dir, rehearsal, training
 
 
@@ -66,12 +67,12 @@ def test_a_card_no_bigger_than_the_tiers_is_not_capped(gpu, monkeypatch):
     assert rehearsal.half_dtype() == "fp16"  # its own capability
 
 
-def test_phase_sizes_applies_the_cap_and_says_so_once(gpu, monkeypatch, capsys):
+def test_lab_sizes_apply_the_cap_and_say_so_once(gpu, monkeypatch, capsys):
     monkeypatch.setenv(env.TIER_VAR, "t4")
-    monkeypatch.setattr(env, "_said", set())
-    first = env.phase_sizes("00_foundations")
-    env.phase_sizes("00_foundations")
-    assert first == env.phase_sizes("00_foundations", "t4")
+    monkeypatch.setattr(labs, "_SAID", set())
+    first = labs.sizes("00_foundations")
+    labs.sizes("00_foundations")
+    assert first == labs.sizes("00_foundations", "t4")
     out = capsys.readouterr().out
     assert out.count("rehearsing a T4") == 1 and len(gpu.fractions) == 1
 

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from grader import labs
 from utils import env, lab_memory, launch, quantize, rehearsal, tier_plan, tier_table, training
 from utils.tier_plan import CARDS, CONTEXT_GIB, LABS, MARGIN
 
@@ -53,13 +54,13 @@ def device(monkeypatch):
 
     monkeypatch.delenv(env.TIER_VAR, raising=False)
     monkeypatch.delenv(env.SMOKE_VAR, raising=False)
-    monkeypatch.setattr(env, "_said", set())
+    monkeypatch.setattr(labs, "_SAID", set())
     return install
 
 
 def _device_cell_sizes(lab: str):
     """What the lab's device cell binds to SIZES (lab 02: the launch plan's sizes)."""
-    return launch.plan().sizes if lab == "02_multi_gpu" else env.phase_sizes(lab)
+    return launch.plan().sizes if lab == "02_multi_gpu" else labs.sizes(lab)
 
 
 def _check(plan: tier_plan.LabPlan) -> None:
@@ -117,7 +118,7 @@ def test_one_gpu_or_none_runs_lab02_as_cpu_processes_and_says_why():
 
 def test_a_p100_learner_reads_first_what_each_lab_gives(device):
     device("p100", arch=ARCH_CU128)
-    text = str(env.phase_sizes("00_foundations"))
+    text = str(labs.sizes("00_foundations"))
     first, *rest = text.splitlines()
     assert "NO KERNELS FOR sm_60" in first and "cu126" in first  # before anything else: the build cannot run here
     head = text.split("  sizes:")[0]
@@ -132,7 +133,7 @@ def test_a_p100_learner_reads_first_what_each_lab_gives(device):
         assert "compile off" in line and "fp16" in line or plan.dtype == "fp32"
     assert "skips: vLLM" in lab_lines[4] and "int8 (LLM.int8)" in lab_lines[3]
     device("p100", arch=ARCH_CU126)  # a CUDA 12.6 build has sm_60 kernels: no warning
-    assert str(env.phase_sizes("00_foundations")).startswith("Plan for 00_foundations")
+    assert str(labs.sizes("00_foundations")).startswith("Plan for 00_foundations")
 
 
 def test_the_code_follows_a_p100_plan(device, monkeypatch):
@@ -165,14 +166,14 @@ def test_a_rehearsed_t4_plans_as_a_t4(device, monkeypatch):
     monkeypatch.setenv(env.TIER_VAR, "t4")
     card = tier_plan.current_card(False)
     assert card.capability == (7, 5) and card.memory_gib == pytest.approx(15.0) and "rehearsed on" in card.name
-    assert "fp16" in str(env.phase_sizes("03_inference_serving"))
+    assert "fp16" in str(labs.sizes("03_inference_serving"))
 
 
 def test_sizes_print_their_plan_and_stay_dataclasses():
     for lab in LABS:
         for tier in env.TIERS:
-            s = env.phase_sizes(lab, tier)
-            assert repr(s).startswith(type(s).__name__ + "(") and s == env.phase_sizes(lab, tier)
+            s = labs.sizes(lab, tier)
+            assert repr(s).startswith(type(s).__name__ + "(") and s == labs.sizes(lab, tier)
             assert dataclasses.asdict(s) and str(s).startswith(f"Plan for {lab}")
 
 

@@ -1,11 +1,40 @@
-"""Lab 04, production's sizes per tier (``utils.env``'s tiers: cpu for smoke mode, t4, a100, h100)."""
+"""Lab 04's sizes per tier (``utils.env.TIERS``: ``cpu`` for smoke mode, ``t4``, ``a100``, ``h100``), the
+graded thresholds among them: what the notebook's cells, the grader's re-measurements and the plan
+(``print(SIZES)``, ``utils.tier_plan``) read. ``grader.labs.sizes("04_benchmarking_production")`` picks this device's tier.
+
+Each tier is sized for its smallest card by ``utils.lab_memory``'s estimate; the tier names say what
+the sizes were made for, not what they were measured on."""
 from __future__ import annotations
 
-from utils.env import phase_sizes
+from dataclasses import dataclass
+
+from grader.labs import PrintsPlan
 
 ASSIGNMENT = "04_benchmarking_production"
 
 
+@dataclass(frozen=True)
+class Phase4Sizes(PrintsPlan):
+    model: str  # the served preset (utils.serve.build_model_dir): its real checkpoint, or random weights offline
+    num_requests: int  # per load run: every sweep step, the operating-point run, the grader's re-runs
+    input_len: int  # the course's default prompt length (tokens of the served model's tokenizer)
+    output_len: int  # the course's default output length (the served model never stops early)
+    max_len: int  # input_len + output_len may not exceed this (KV-cache budget per request)
+    sweep_points: int  # request rates between synchronous and saturation
+    max_duration_s: float  # cap on one load run: a configuration that cannot keep up stops here
+    start_timeout_s: float  # engine start, weights load and warm-up
+
+
+BY_TIER = {
+    "cpu": Phase4Sizes("llama-tiny", 12, 32, 16, 256, 2, 8.0, 600.0),  # vLLM CPU build: 50-110 s to start on 2 quiet cores
+    "t4": Phase4Sizes("llama-1.1b", 12, 128, 32, 1024, 2, 60.0, 600.0),
+    "a100": Phase4Sizes("llama-1.1b", 16, 256, 32, 1024, 2, 60.0, 600.0),
+    "h100": Phase4Sizes("llama-1.1b", 16, 256, 32, 1024, 2, 60.0, 600.0),
+}
+
+
 def sizes(tier: str | None = None):
-    """The sizes for ``tier`` (default: this device's)."""
-    return phase_sizes(ASSIGNMENT, tier)
+    """The sizes for ``tier`` (default: this device's, the rehearsed card's under ``GPULAB_TIER``)."""
+    from grader.labs import sizes as of_lab
+
+    return of_lab(ASSIGNMENT, tier)

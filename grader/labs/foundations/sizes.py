@@ -1,11 +1,39 @@
-"""Lab 00's sizes per tier (``utils.env``'s tiers: cpu for smoke mode, t4, a100, h100)."""
+"""Lab 00's sizes per tier (``utils.env.TIERS``: ``cpu`` for smoke mode, ``t4``, ``a100``, ``h100``), the
+graded thresholds among them: what the notebook's cells, the grader's re-measurements and the plan
+(``print(SIZES)``, ``utils.tier_plan``) read. ``grader.labs.sizes("00_foundations")`` picks this device's tier.
+
+Each tier is sized for its smallest card by ``utils.lab_memory``'s estimate; the tier names say what
+the sizes were made for, not what they were measured on."""
 from __future__ import annotations
 
-from utils.env import phase_sizes
+from dataclasses import dataclass
+
+from grader.labs import PrintsPlan
 
 ASSIGNMENT = "00_foundations"
 
 
+@dataclass(frozen=True)
+class Phase0Sizes(PrintsPlan):
+    matmul_n: int  # square matmul side
+    elementwise_numel: int  # elements in the elementwise (memory-bound) op
+    tiny_ops: int  # launches in the loop of tiny ops (overhead-bound)
+    train_steps: int
+    batch_size: int
+    seq_len: int
+    model: str  # config name in utils/models.py
+
+
+BY_TIER = {
+    "cpu": Phase0Sizes(256, 1 << 20, 200, 8, 2, 64, "gpt2-tiny"),
+    "t4": Phase0Sizes(4096, 1 << 26, 2000, 60, 8, 256, "gpt2-small"),
+    "a100": Phase0Sizes(8192, 1 << 27, 2000, 80, 16, 512, "gpt2-small"),
+    "h100": Phase0Sizes(8192, 1 << 28, 2000, 100, 16, 1024, "gpt2-small"),
+}
+
+
 def sizes(tier: str | None = None):
-    """The sizes for ``tier`` (default: this device's)."""
-    return phase_sizes(ASSIGNMENT, tier)
+    """The sizes for ``tier`` (default: this device's, the rehearsed card's under ``GPULAB_TIER``)."""
+    from grader.labs import sizes as of_lab
+
+    return of_lab(ASSIGNMENT, tier)

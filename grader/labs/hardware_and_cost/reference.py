@@ -39,13 +39,13 @@ import numpy as np
 import torch
 
 from grader import definitions, expect
+from grader.labs.hardware_and_cost.sizes import BY_TIER
 from grader.measuring import REPEATS, Measured, timed
 from utils import (
     checkpointed_run,
     xla,  # noqa: F401  (asks XLA for the CPU devices before jax starts its backend)
 )
 from utils.checkpointed_run import DETERMINISM_ENV, RESULT_FILE, RunConfig
-from utils.env import phase_sizes
 from utils.models import build_model, get_tokenizer, token_batches
 from utils.timing import benchmark
 from utils.units import gb_per_s, tflop_per_s
@@ -120,7 +120,7 @@ def params_bytes(preset: str) -> int:
 
 def xla_sizes(sizes):
     """The notebook's rule: JAX on a CPU gets the CPU tier's sizes, whatever torch has."""
-    return sizes if jax.default_backend() != "cpu" else phase_sizes(ASSIGNMENT, "cpu")
+    return sizes if jax.default_backend() != "cpu" else BY_TIER["cpu"]
 
 
 def expected_compiles(lengths) -> tuple[int, int]:
@@ -333,6 +333,6 @@ def from_record(ctx, record: dict) -> Reference:
     are computed: the weight bytes of the record's tier, the compile counts for the lengths of the
     record's tier or of the CPU tier (the notebook gives JAX on a CPU the CPU sizes), and the
     uninterrupted run of this machine's CPU, which the resumed run here is compared with."""
-    cpu = phase_sizes(ASSIGNMENT, "cpu")
+    cpu = BY_TIER["cpu"]
     counts = tuple(dict.fromkeys(expected_compiles(z.xla_lengths) for z in (ctx.sizes, cpu)))
     return Reference(ctx, {}, params_bytes(ctx.sizes.model), params_bytes(ctx.sizes.ckpt_model), counts, live=False)

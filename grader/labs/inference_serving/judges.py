@@ -29,9 +29,9 @@ from grader.labs.inference_serving.reference import (
     rule_schedule,
     serve_spec,
 )
+from grader.labs.inference_serving.sizes import BY_TIER
 from grader.schema import AnswerError, Count, Fields, Flag, ListOf, Nullable, Text, TupleOf
 from utils import paged_batching as pb
-from utils.env import phase_sizes
 from utils.inference import decode_bytes_per_step
 from utils.kv_calculator import DTYPES, calculator
 from utils.units import GIB, gb_per_s
@@ -95,7 +95,7 @@ def pool_case(rng, ctx) -> list:
 
 
 def _sizes(tier):
-    return phase_sizes(ASSIGNMENT, tier)
+    return BY_TIER[tier]
 
 
 def _same_calc(got, want) -> str | None:

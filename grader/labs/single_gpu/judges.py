@@ -451,8 +451,8 @@ def cause(a, ref):
     return notes
 
 
-SANDBOX_SIZES = ("from utils import env as _env, training as _training\n"
-                 "SIZES = _env.phase_sizes('01_single_gpu')\n"
+SANDBOX_SIZES = ("from grader import labs as _labs\nfrom utils import training as _training\n"
+                 "SIZES = _labs.sizes('01_single_gpu')\n"
                  "PRECISION = _training.best_precision()")  # what the notebook's locked cells compute for FastLoop
 
 CHECKS = [

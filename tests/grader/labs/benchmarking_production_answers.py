@@ -113,9 +113,9 @@ def ref(ctx, values: dict, goodput: tuple = (), p95: tuple = (), e2el_ms: float 
 def record(tier: str = "t4", gpu: str = "Tesla T4", tpot_ms: float = 10.0) -> dict:
     """A measurement record as the notebook writes it on ``gpu`` (fingerprint, tier, sizes, a hash of
     this utils/): every measured cell's answers from made-up but consistent runs."""
-    from utils.env import phase_sizes
+    from grader.labs import sizes as lab_sizes
 
-    sizes = phase_sizes(ASSIGNMENT, tier)
+    sizes = lab_sizes(ASSIGNMENT, tier)
     vals = answers(sizes, ttft_ms=40.0, tpot_ms=tpot_ms)
     ans = {cell: encode(v) for cell, v in vals.items()}
     for cell in load(ASSIGNMENT).answers:

@@ -110,7 +110,7 @@ def answers(ctx, rates: dict = CPU_RATES) -> dict[str, dict]:
         overhead=overhead, sync_overhead_pct=100 * rates["sync_ms"] / (every * rates["step_ms"]),
         async_overhead_pct=100 * rates["async_ms"] / (every * rates["step_ms"]))
 
-    lengths = s.xla_lengths if ctx.device == "cuda" else reference.phase_sizes(reference.ASSIGNMENT, "cpu").xla_lengths
+    lengths = s.xla_lengths if ctx.device == "cuda" else reference.BY_TIER["cpu"].xla_lengths
     unpadded, bucketed = reference.expected_compiles(lengths)
     c, r, e = rates["compile_ms"], rates["run_ms"], rates["eager_ms"]
     out["test_recompiles"] = dict(compiles_unpadded=unpadded, compiles_bucketed=bucketed, compile_ms=c, run_ms=r,
@@ -126,7 +126,7 @@ def ref(ctx, rates: dict = CPU_RATES, live: bool = True, resume: dict | None = N
          "ckpt:step": rates["step_ms"], "ckpt:sync_save": rates["sync_ms"], "xla:compile": rates["compile_ms"],
          "xla:run": rates["run_ms"], "xla:eager": rates["eager_ms"]}
     m.update({f"tpot:{b}": t for b, t in tpots(ctx, rates).items()})
-    lengths = ctx.sizes.xla_lengths if ctx.device == "cuda" else reference.phase_sizes(reference.ASSIGNMENT, "cpu").xla_lengths
+    lengths = ctx.sizes.xla_lengths if ctx.device == "cuda" else reference.BY_TIER["cpu"].xla_lengths
     return reference.Reference(ctx, {k: Measured(v, 1.5, "test") for k, v in m.items()} if live else {},
                                weight_bytes(ctx), reference.params_bytes(ctx.sizes.ckpt_model),
                                (reference.expected_compiles(lengths),), dict(resume or {}), live=live)

@@ -16,12 +16,12 @@ from pathlib import Path
 from grader import labs
 from grader.answers import encode
 from grader.judging import Answers, Case, Context, decode
+from grader.labs import sizes as lab_sizes
 from grader.labs.inference_serving import harness, judges
 from grader.labs.inference_serving import reference as R
 from grader.measuring import Measured
 from tests.nbcells import cell, src
 from utils import paged_batching as pb
-from utils.env import phase_sizes
 from utils.hardware import spec_for_name
 from utils.units import gb_per_s
 
@@ -45,9 +45,9 @@ def solution() -> dict:
 
 def context(tier: str = "cpu") -> Context:
     if tier == "cpu":
-        return Context(ASSIGNMENT, "cpu", phase_sizes(ASSIGNMENT, "cpu"), True, "cpu", "CPU", None, "float32")
+        return Context(ASSIGNMENT, "cpu", lab_sizes(ASSIGNMENT, "cpu"), True, "cpu", "CPU", None, "float32")
     name, dtype, _ = GPU[tier]
-    return Context(ASSIGNMENT, tier, phase_sizes(ASSIGNMENT, tier), False, "cuda", name, spec_for_name(name), dtype,
+    return Context(ASSIGNMENT, tier, lab_sizes(ASSIGNMENT, tier), False, "cuda", name, spec_for_name(name), dtype,
                    {"kind": "gpu", "name": name})
 
 

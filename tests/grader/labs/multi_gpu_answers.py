@@ -8,12 +8,12 @@ import statistics
 
 from grader.answers import encode
 from grader.judging import Answers, Context
+from grader.labs import sizes as lab_sizes
 from grader.labs.multi_gpu import reference
 from grader.labs.multi_gpu.answers import ANSWERS
 from grader.sandbox import Section
 from grader.schema import loads
 from utils import grad_sync, launch
-from utils.env import phase_sizes
 from utils.hardware import spec_for_name
 
 A = "02_multi_gpu"
@@ -25,7 +25,7 @@ def ctx(plan=CPU_PLAN, gpu: bool = False) -> Context:
     if not gpu:
         return Context(A, "cpu", plan.sizes, True, "cpu", "CPU", None, "float32", {})
     fp = {"kind": "gpu", "name": "NVIDIA H200", "memory_gib": 139.8, "compute_capability": "9.0", "device_count": 2}
-    return Context(A, "h100", phase_sizes(A, "h100"), False, "cuda", "NVIDIA H200", spec_for_name("NVIDIA H200"),
+    return Context(A, "h100", lab_sizes(A, "h100"), False, "cuda", "NVIDIA H200", spec_for_name("NVIDIA H200"),
                    "bfloat16", fp)
 
 

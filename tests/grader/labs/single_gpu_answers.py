@@ -10,13 +10,13 @@ import dataclasses
 import time
 
 from grader.judging import Context
+from grader.labs import sizes as lab_sizes
 from grader.labs.single_gpu import harness, reference
 from grader.labs.single_gpu.judges import FIRST_FIXES
 from grader.measuring import Measured
 from grader.names import RECORD_SCHEMA
 from grader.sandbox import Section
 from utils import diagnosis_cases, hardware
-from utils.env import phase_sizes
 from utils.profile_diagnosis import diagnose
 from utils.record import utils_hash
 from utils.training import RECIPES, naive_config, replace
@@ -32,7 +32,7 @@ GPU_CARD = "Tesla T4"
 
 def ctx(tier: str = "cpu", device: str = "cpu", card: str | None = None) -> Context:
     spec = hardware.spec_for_name(card) if card else None
-    return Context(A, tier, phase_sizes(A, tier), tier == "cpu", device, card or "CPU", spec,
+    return Context(A, tier, lab_sizes(A, tier), tier == "cpu", device, card or "CPU", spec,
                    "float32" if tier == "cpu" else "float16")
 
 

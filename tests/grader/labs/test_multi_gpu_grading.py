@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from grader.labs import sizes as lab_sizes
 from grader.names import RECORD_SCHEMA
 from tests.grader.labs import multi_gpu_answers as made
 from tests.nbcells import autograde, cell, src
 from utils import grad_sync
-from utils.env import phase_sizes
 from utils.record import utils_hash
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -97,7 +97,7 @@ def _wrong_sync() -> str:
 
 def _record(invented: bool = False) -> dict:
     """What a two-H200 run of the notebook writes, measured cells only (the rest of the notebook is the release)."""
-    s = phase_sizes(A, "h100")
+    s = lab_sizes(A, "h100")
     one = made.fake_run(s, 1, 194.0e3, backend="nccl")
     many = made.fake_run(s, 2, (252.2e3 if invented else 192.1e3), 0.01, backend="nccl")
     eff = many["tokens_per_s_per_device"] / one["tokens_per_s_per_device"]
