@@ -62,30 +62,15 @@ class LabNeeds:
     note: Callable[[], str] | None = None  # one more status line
 
 
-def _trl_note() -> str:
-    found = importlib.util.find_spec("trl") is not None
-    return "TRL (section 7): " + ("installed" if found else "not installed (pip install trl)")
+def lab_needs(lab: str) -> LabNeeds:
+    """What ``lab`` installs: its folder's ``setup.py`` (``grader/labs/<lab>/setup.py``), through the
+    course's one registry of labs; SetupStopped (one line) for a lab it does not know."""
+    from grader import labs
 
-
-LABS = {
-    "00_foundations": LabNeeds({}),
-    "01_single_gpu": LabNeeds({"peft": "peft"}, (
-        Extra("bitsandbytes", "bitsandbytes", "the QLoRA cell falls back to LoRA and says so", gpu_only=True),)),
-    "02_multi_gpu": LabNeeds({"accelerate": "accelerate"}, note=_trl_note),
-    "03_inference_serving": LabNeeds({"accelerate": "accelerate"}, (
-        Extra("bitsandbytes", "bitsandbytes", "the quantization cell measures the 16-bit model only and says why",
-                 gpu_only=True),),
-        env={"HF_HUB_OFFLINE": "1"}, serving=True),  # every model of lab 03 is built from a shipped config
-    "04_benchmarking_production": LabNeeds(
-        {"aiohttp": "aiohttp", "prometheus_client": "prometheus_client", "yaml": "pyyaml"},
-        (Extra("bitsandbytes", "bitsandbytes", "the 4-bit model is skipped and the lab says so", gpu_only=True),
-         Extra("kubernetes_validate", "kubernetes-validate",
-               "the Kubernetes cells check the GPU rules without Kubernetes' schema and say so")),
-        serving=True),
-    "05_hardware_and_cost": LabNeeds({}, (
-        Extra("jax", "jax", "the XLA cells say JAX is missing (pip's jax is the CPU build; Colab and Kaggle ship it)"),),
-        env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}),  # JAX must not take 75% of the GPU from PyTorch
-}
+    try:
+        return labs.load(lab).part("setup").NEEDS
+    except labs.LabError:
+        raise SetupStopped(f"no lab {lab!r} (known: {', '.join(labs.assignments())})") from None
 
 
 @dataclasses.dataclass
@@ -180,9 +165,7 @@ def setup(lab: str, repo: str | Path | None = None, *, install: Callable[[str], 
     Prints one line per install, one per optional package that failed, the lab's status lines,
     and a last line naming the repository and what was installed. Raises :class:`SetupStopped`
     (one line) for an unknown lab or a package the lab needs that pip could not install."""
-    if lab not in LABS:
-        raise SetupStopped(f"no lab {lab!r} (known: {', '.join(LABS)})")
-    spec = LABS[lab]
+    spec = lab_needs(lab)
     res = SetupResult(lab, str(repo or ""))
     if grading():
         install = _no_install
