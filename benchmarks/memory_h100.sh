@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU memory by notebook cell of labs 00 and 03 at the h100 tier, for the memory plans
-# (utils/lab_memory.py, utils.tier_plan.MEASURED_PEAKS).
+# (each lab's grader/labs/<lab>/plan.py: its moments and MEASURED_PEAKS).
 #
 #   bash benchmarks/memory_h100.sh OUTDIR        # from the repository root, on an H100 80GB
 #

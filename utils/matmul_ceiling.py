@@ -20,7 +20,7 @@ from utils.units import tflop_per_s
 
 GPU_SIDES = (2048, 4096)  # square sides timed on a GPU
 BIG_SIDE, BIG_SIDE_MIN_GIB = 8192, 40.0  # and 8192 (384 MiB of 16-bit operands) on a card above 40 GiB, where
-# lab 01's loops leave room for it (on a T4 they leave about 1 GiB: utils.tier_plan.MEASURED_PEAKS)
+# lab 01's loops leave room for it (on a T4 they leave about 1 GiB: grader/labs/single_gpu/plan.py)
 CPU_SIDES = (256, 512)  # and on a CPU, where a larger side only takes longer
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

@@ -53,9 +53,11 @@ device-wide ``memory.used`` shows it: the need, or more where the notebook's cac
 keeps blocks from earlier cells that it cannot reuse (``Moment.cached_gib``) beyond the margin,
 up to the card's memory, since the allocator gives cached blocks back when an allocation would
 otherwise fail. The margin is chosen (what the caching allocator reserves beyond what it hands
-out); the context is measured. Each plan is compared with the lab's measured peak in
-:data:`MEASURED_PEAKS`, and ``tests/utils/test_tier_plan.py`` fails when a plan is below a
-measured peak or more than 15% above it.
+out); the context is measured. Each plan is compared with the lab's measured peaks (``MEASURED_PEAKS``
+in ``grader/labs/<lab>/plan.py``, all of them :func:`measured_peaks`), and ``tests/utils/test_tier_plan.py``
+fails when a plan is below a measured peak or more than 15% above it. What a lab runs and where its
+memory peaks are the lab's own (``parts`` and ``moments`` in the same ``plan.py``); this module holds
+the cards, the rules and the arithmetic they share.
 
 The grader's own processes are not in a plan: its judges, its re-measurements (``measure`` in a
 lab's ``reference.py``) and the sandboxes that run a learner's functions start once the notebook's
@@ -66,8 +68,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from utils import lab_memory, rehearsal
 
@@ -83,8 +86,6 @@ BF16_MIN = (8, 0)
 TENSOR_CORES_MIN = (7, 0)  # Volta
 BNB_INT8_MIN, BNB_NF4_MIN = (7, 5), (6, 0)
 FP8_W8A8_MIN = (8, 9)
-LABS = ("00_foundations", "01_single_gpu", "02_multi_gpu", "03_inference_serving", "04_benchmarking_production",
-        "05_hardware_and_cost")
 
 
 def gpu_tier(major: int, memory_gib: float) -> str:
@@ -157,10 +158,10 @@ REHEARSED_T4 = dataclasses.replace(
     CARDS["t4"], name="T4 rehearsed on an H200", sms=132, where="GPULAB_TIER=t4 on one H200 (utils.rehearsal)",
     absent=(("bitsandbytes", "not installed on the rehearsal machine (no internet)"),))
 H100_NO_VLLM = dataclasses.replace(CARDS["h100"], absent=(("vllm", "not run in that measurement"),))
-_T4_RUN = "benchmarks/results/h200-t4-rehearsal-all-labs-2026-12-04/"
-_T4_FP16 = "benchmarks/results/h200-t4-rehearsal-labs-00-05-fp16-2026-12-04/"
-_T4_HOW = "H200 rehearsing a T4 (GPULAB_TIER=t4), nvidia-smi every 0.5 s, lab graded live, 2026-12-04"
-_H100_HOW = "H100 80GB, nvidia-smi every 0.5 s, lab graded live at the h100 tier, 2026-12-05"
+T4_RUN = "benchmarks/results/h200-t4-rehearsal-all-labs-2026-12-04/"
+T4_FP16 = "benchmarks/results/h200-t4-rehearsal-labs-00-05-fp16-2026-12-04/"
+T4_HOW = "H200 rehearsing a T4 (GPULAB_TIER=t4), nvidia-smi every 0.5 s, lab graded live, 2026-12-04"
+H100_HOW = "H100 80GB, nvidia-smi every 0.5 s, lab graded live at the h100 tier, 2026-12-05"
 
 
 @dataclass(frozen=True)
@@ -179,26 +180,6 @@ class MeasuredPeak:
     source: str
 
 
-MEASURED_PEAKS = (
-    MeasuredPeak("00_foundations", REHEARSED_T4, 7985 / 1024, "sweep_answer", _T4_HOW,
-                 _T4_FP16 + "t4_memcells_00_foundations.json"),
-    MeasuredPeak("01_single_gpu", REHEARSED_T4, 14373 / 1024, "ladder (14,371 MiB; 14,373 in test_optimized)", _T4_HOW,
-                 _T4_RUN + "t4_memcells_01_single_gpu.json"),
-    MeasuredPeak("02_multi_gpu", REHEARSED_T4, 621 / 1024,
-                 "fused_answer (the 1,253 MiB first read in test_fused_kernel came from a timing of the Triton "
-                 "kernel inside the notebook's kernel in that run; the grader's sandbox times it once the kernel is gone)", _T4_HOW,
-                 _T4_RUN + "t4_memcells_02_multi_gpu.json"),
-    MeasuredPeak("03_inference_serving", REHEARSED_T4, 13045 / 1024, "engines_run (vLLM 0.26.0 beside the notebook)",
-                 _T4_HOW, _T4_RUN + "t4_memcells_03_inference_serving.json"),
-    MeasuredPeak("04_benchmarking_production", REHEARSED_T4, 15028 / 1024, "compare (two vLLM 0.26.0 engines)",
-                 _T4_HOW, _T4_RUN + "t4_memcells_04_benchmarking_production.json"),
-    MeasuredPeak("05_hardware_and_cost", REHEARSED_T4, 10775 / 1024, "resume_run (10,774 MiB; 10,775 in test_resume)",
-                 _T4_HOW, _T4_FP16 + "t4_memcells_05_hardware_and_cost.json"),
-    MeasuredPeak("00_foundations", H100_NO_VLLM, 33.3, "", _H100_HOW, ""),
-    MeasuredPeak("01_single_gpu", H100_NO_VLLM, 72.0, "", _H100_HOW, ""),
-    MeasuredPeak("03_inference_serving", H100_NO_VLLM, 13.1, "", _H100_HOW, ""),
-    MeasuredPeak("05_hardware_and_cost", H100_NO_VLLM, 33.6, "", _H100_HOW, ""),
-)
 PLAN_OVER_MEASURED_MAX = 1.15  # a plan is at least the measured peak and at most 15% above it
 
 
@@ -290,9 +271,9 @@ class LabPlan:
         return (f"memory: {peak:.1f} of {self.card.memory_gib:.1f} GiB at the peak ({m.name}): {verdict}; an "
                 f"estimate (utils.lab_memory) with {MARGIN:.0%} margin and {CONTEXT_GIB} GiB of CUDA context per process")
 
-    def text(self, sizes_of: Callable[[str, str], object] | None = None) -> str:
-        """The plan as the device cell prints it; ``sizes_of(lab, tier)`` (``grader.labs.sizes``)
-        adds the other labs' one-line plans on a card that cannot run everything (a P100)."""
+    def text(self, others: Callable[[Card], Iterable[LabPlan]] | None = None) -> str:
+        """The plan as the device cell prints it; ``others(card)`` (every lab's plan on that card:
+        ``grader.labs.plans_on``) adds their one-line summaries on a card that cannot run everything (a P100)."""
         title = f"Plan for {self.lab}: {self.card.name}, {self.size_tier} sizes"
         lines = [title, "  " + "-" * len(title)]
         lines += ["  " + n for n in card_notes(self.card)]
@@ -302,11 +283,9 @@ class LabPlan:
         lines += [f"  runs: {r}" for r in self.runs]
         lines += [f"  skipped: {what}: {why}" for what, why in self.skipped.items()]
         lines.append("  " + self.memory_line())
-        if sizes_of is not None and self.card.gpu and not self.card.at_least(COMPILE_MIN):
+        if others is not None and self.card.gpu and not self.card.at_least(COMPILE_MIN):
             lines.append(f"  On this card, lab by lab ({self.card.name}):")
-            for lab in LABS:
-                tier = sizes_tier(lab, self.card)
-                lines.append(f"    {lab}: {lab_summary(plan_for(lab, self.card, sizes_of(lab, tier), tier))}")
+            lines += [f"    {p.lab}: {lab_summary(p)}" for p in others(self.card)]
         return "\n".join(lines)
 
 
@@ -329,138 +308,26 @@ def card_notes(card: Card) -> list[str]:
     return notes
 
 
-def sizes_tier(lab: str, card: Card) -> str:
-    """The ``utils.env`` tier of ``lab``'s sizes on ``card``: the card's, except lab 02 on fewer
-    than two GPUs, whose multi-process runs are CPU processes at smoke sizes (``utils.launch``)."""
-    return "cpu" if lab == "02_multi_gpu" and card.gpus < 2 else card.size_tier
+def sizes_tier(plan: Any, card: Card) -> str:
+    """The size tier of a lab's sizes on ``card``; ``plan`` is the lab's plan (``grader/labs/<lab>/plan.py``):
+    the card's tier, unless the plan has its own ``sizes_tier`` (lab 02 on fewer than two GPUs runs CPU
+    processes at smoke sizes)."""
+    own = getattr(plan, "sizes_tier", None)
+    return own(card) if own else card.size_tier
 
 
-def plan_for(lab: str, card: Card, sizes, tier: str | None = None) -> LabPlan:
-    """The plan of ``lab`` on ``card`` at ``sizes`` (a ``utils.env`` sizes object of ``tier``)."""
-    if lab not in LABS:
-        raise KeyError(f"no plan for lab {lab!r}; known: {', '.join(LABS)}")
+def plan_for(plan: Any, card: Card, sizes: Any, tier: str | None = None) -> LabPlan:
+    """The plan of a lab on ``card`` at ``sizes`` (its sizes object of ``tier``). ``plan`` is the lab's
+    plan (``grader/labs/<lab>/plan.py``): its ``ASSIGNMENT``, ``parts`` (what runs and what is skipped
+    on a card) and ``moments`` (where its memory peaks); ``grader.labs.plan_for`` takes a lab's name."""
     ok, why = compile_support(card)
-    tier = tier or sizes_tier(lab, card)
+    tier = tier or sizes_tier(plan, card)
     ctx = lab_memory.Context(half=card_dtype(card), card_gib=card.memory_gib or 0.0,
                              multi_gpu=card.gpus >= 2 and card.gpu,
                              vllm=card.at_least((7, 0)) and not card.lacks("vllm"), sms=card.sms or 132, tier=tier)
-    runs, skipped, dtype, compiled, note = _BUILDERS[lab](card, sizes, ok, why)
-    moments = tuple(lab_memory.moments(lab, sizes, ctx)) if card.gpu else ()
-    return LabPlan(lab, card, tier, sizes, dtype, compiled, note, tuple(runs), skipped, moments)
-
-
-def _lab00(card, s, ok, why):
-    d = card_dtype(card)
-    runs = [f"matmul {s.matmul_n}^3 in {d}, copy and x + 1 over {s.elementwise_numel:,} fp32 elements, "
-            f"{s.tiny_ops:,} tiny ops", f"{s.model} training in fp32, batch {s.batch_size} x {s.seq_len}, "
-            f"{s.train_steps} steps, under the GPU monitor"]
-    return runs, {}, d, False, "not used in this lab"
-
-
-def _lab01(card, s, ok, why):
-    d = card_dtype(card)
-    amp = f"{d} autocast" if card.gpu else "fp32: autocast adds only casts on a CPU"
-    runs = [f"naive loop (fp32, batch {s.naive_batch} x {s.seq_len}) and the ladder of fixes up to batch "
-            f"{s.big_batch} ({amp})", f"{s.ft_model} LoRA and QLoRA, batch {s.ft_batch} x {s.ft_seq_len}, in "
-            f"{d if card.gpu else 'bf16'}"]
-    skipped = {}
-    if not card.gpu:
-        skipped["4-bit QLoRA"] = "bitsandbytes' kernels need a CUDA GPU: it falls back to LoRA and says so"
-    elif card.lacks("bitsandbytes"):
-        skipped["4-bit QLoRA"] = card.lacks("bitsandbytes") + ": it falls back to LoRA and says so"
-    if card.gpu and not ok:
-        skipped["torch.compile of the optimized loop"] = why + f"; the graded speedup ({s.min_speedup}x) is eager's"
-    note = "the optimized loop's loss, mode 'default'" if ok else why
-    return runs, skipped, d, ok, note
-
-
-def _lab02(card, s, ok, why):
-    skipped = {}
-    if card.gpus >= 2 and card.gpu:
-        d = "bf16" if s.bf16 else "fp32"
-        runs = [f"all-reduce over {card.gpus} GPUs (NCCL), sizes {s.allreduce_sizes}",
-                f"DDP 1 -> {card.gpus} GPUs, {s.model} in {d}, batch {s.batch_per_device} x {s.seq_len} per GPU; "
-                "FSDP; the scaling breaks", f"TRL SFT and DPO, batch {s.post_batch} x {s.post_max_len} per GPU"]
-        if not s.bf16:
-            runs[1] += " (no bf16 before compute capability 8.0)"
-    else:
-        d = "fp32"
-        runs = ["the multi-process cells as 2 CPU processes over gloo at smoke sizes (the same scripts, graded as plumbing)"]
-        skipped["scaling across GPUs"] = (f"{'one GPU' if card.gpu else 'no GPU'}: DDP needs a process per GPU; "
-                                          "Kaggle's GPU T4 x2 has two")
-        skipped["FSDP training runs"] = ("Accelerate's FSDP needs CUDA GPUs over NCCL (the ZeRO cell's FSDP2 byte "
-                                         "count runs on CPU processes too)")
-    if card.gpu and not ok:
-        runs.append("your Triton kernels (bonus) under Triton's interpreter on the CPU: Triton does not compile for "
-                    f"compute capability {card.capability[0]}.{card.capability[1]}, so their results are graded and "
-                    "their speed is not")
-    elif card.gpu:
-        runs.append("your Triton kernels (bonus), compiled, graded on their results and their speed")
-    else:
-        runs.append("your Triton kernels (bonus) under Triton's interpreter: results graded, speed not")
-    note = "the reference runs are eager (Phase2Sizes.compile: a compile costs a minute per launch)"
-    return runs, skipped, d, bool(s.compile and ok), note
-
-
-def _lab03(card, s, ok, why):
-    d = card_dtype(card)
-    skipped = {}
-    runs = [f"{s.model} in {d}: prefill up to {max(s.ttft_lens)} tokens, three decode paths, KV growth, "
-            f"batching up to {max(s.batches)}"]
-    if card.gpu and not ok:
-        skipped["compiled decode (static-cache generate, the fast path's CUDA graphs)"] = why
-    instead = "the same model is served with transformers' continuous batching instead"
-    if card.at_least((7, 0)) and card.lacks("vllm"):
-        skipped["vLLM"] = f"{card.lacks('vllm')}; {instead}"
-    elif card.at_least((7, 0)):
-        runs.append("vLLM: its KV-cache allocation against your calculator, prefix caching")
-    elif card.gpu:
-        skipped["vLLM"] = f"its CUDA build needs compute capability 7.0; {instead}"
-    if card.gpu and card.lacks("bitsandbytes"):
-        skipped["int8 and NF4 quantization"] = card.lacks("bitsandbytes") + ": only the 16-bit model is measured"
-    elif card.at_least(BNB_INT8_MIN):
-        runs.append("quantization: int8 (LLM.int8) and 4-bit NF4 against the 16-bit model")
-    elif card.at_least(BNB_NF4_MIN):
-        runs.append("quantization: 4-bit NF4 against the 16-bit model")
-        skipped["int8 (LLM.int8)"] = "bitsandbytes' LLM.int8() needs compute capability 7.5"
-    else:
-        skipped["int8 and NF4 quantization"] = "bitsandbytes' kernels need a CUDA GPU"
-    note = "static-cache generate and the fast decode path, mode 'reduce-overhead'" if ok else why
-    return runs, skipped, d, ok, note
-
-
-def _lab04(card, s, ok, why):
-    d = card_dtype(card)
-    skipped = {}
-    vllm = card.at_least((7, 0)) and not card.lacks("vllm")
-    if vllm:
-        runs = [f"vLLM serving {s.model} in {d}; load sweep of {s.sweep_points} rates, {s.num_requests} requests each",
-                "candidates: int8 W8A8, fp8 KV cache, fp8 weights"
-                + ("" if card.at_least(FP8_W8A8_MIN) else " (weight-only W8A16 below compute capability 8.9)")]
-        note = "inside vLLM (torch.compile and CUDA graphs)"
-    else:
-        runs = [f"transformers serve (continuous batching) of {s.model} in {d}; load sweep of {s.sweep_points} rates",
-                "candidates: one request at a time"
-                + (", bnb-4bit" if card.gpu and not card.lacks("bitsandbytes") else "")]
-        if card.gpu and card.lacks("bitsandbytes"):
-            skipped["bnb-4bit candidate"] = card.lacks("bitsandbytes")
-        if card.gpu:
-            skipped["vLLM"] = ((card.lacks("vllm") if card.at_least((7, 0)) else
-                                "its CUDA build needs compute capability 7.0") + "; transformers serve runs the lab instead")
-        note = why or "transformers serve does not compile"
-    return runs, skipped, d, vllm and ok, note
-
-
-def _lab05(card, s, ok, why):
-    d = card_dtype(card)
-    runs = [f"roofline points (matmul {s.matmul_n}^3 in {d}), {s.model} training and decode up to batch "
-            f"{max(s.decode_batches)} in fp32, cost per token", f"SIGKILL and resume of a {s.ckpt_model} run, "
-            "checkpoint overhead; XLA recompilation on JAX's backend"]
-    return runs, {}, d, False, "not used in this lab (JAX's jit is XLA's)"
-
-
-_BUILDERS = {"00_foundations": _lab00, "01_single_gpu": _lab01, "02_multi_gpu": _lab02, "03_inference_serving": _lab03,
-             "04_benchmarking_production": _lab04, "05_hardware_and_cost": _lab05}
+    runs, skipped, dtype, compiled, note = plan.parts(card, sizes, ok, why)
+    moments = tuple(plan.moments(sizes, ctx)) if card.gpu else ()
+    return LabPlan(plan.ASSIGNMENT, card, tier, sizes, dtype, compiled, note, tuple(runs), skipped, moments)
 
 
 def lab_summary(p: LabPlan) -> str:
@@ -534,9 +401,10 @@ def arch_warning(card: Card) -> str | None:
     return None
 
 
-def describe(sizes, lab: str, tier: str, smoke: bool, sizes_of: Callable[[str, str], object]) -> str:
-    """The plan for ``sizes`` (``lab``'s, of ``tier``) on this machine, as the device cell prints it:
-    ``utils.env``'s sizes call this from their ``__str__``."""
+def describe(sizes: Any, plan: Any, tier: str, smoke: bool,
+             others: Callable[[Card], Iterable[LabPlan]] | None = None) -> str:
+    """The plan for ``sizes`` (of ``tier``; ``plan``: the lab's ``plan.py``) on this machine, as the
+    device cell prints it: a lab's sizes call this from their ``__str__`` (``grader.labs.PrintsPlan``)."""
     card = current_card(smoke)
     warn = arch_warning(card)
-    return (warn + "\n" if warn else "") + plan_for(lab, card, sizes, tier).text(sizes_of)
+    return (warn + "\n" if warn else "") + plan_for(plan, card, sizes, tier).text(others)

@@ -1,8 +1,8 @@
 """The labs, registered once: assignment id -> the folder that holds everything of that lab.
 
-A lab's folder (``grader/labs/<name>/``) holds its sizes per tier, its plan and memory model, what
-its setup installs, its answers schema, its judges, the grader's reference measurements and its
-portfolio section. Adding a seventh lab is one folder and one line in :data:`REGISTRY`.
+A lab's folder (``grader/labs/<name>/``) holds its sizes per tier (``sizes``), its plan and memory
+model with its measured peaks (``plan``), what its setup installs (``setup``), its answers schema, its
+judges, the grader's reference measurements and its portfolio section. Adding a seventh lab is one folder and one line in :data:`REGISTRY`.
 
 The folder's public modules (``sizes``, ``answers``, ``plan``, ``setup``, ``portfolio``) ship in the
 student edition; the grading ones (``judges``, ``reference``, ``harness``) do not, and are
@@ -132,9 +132,35 @@ class PrintsPlan:
             tiers = load(lab).part("sizes").BY_TIER
             tier = next((t for t, s in tiers.items() if s is self), None) or next(
                 (t for t, s in tiers.items() if s == self), env.device_tier())
-            return tier_plan.describe(self, lab, tier, env.smoke_mode(), sizes)
+            return tier_plan.describe(self, plan(lab), tier, env.smoke_mode(), plans_on)
         except Exception as exc:  # the sizes still print when the plan cannot be made
             return f"{self!r}\n(no plan: {type(exc).__name__}: {exc})"
+
+
+def plan(assignment: str) -> ModuleType:
+    """The lab's plan (``grader/labs/<lab>/plan.py``): what it runs and skips on a card, where its memory
+    peaks, its measured peaks; ``utils.tier_plan`` makes a printed plan of it."""
+    return load(assignment).part("plan")
+
+
+def plan_for(assignment: str, card: Any, lab_sizes: Any = None, tier: str | None = None) -> Any:
+    """``utils.tier_plan.plan_for`` of ``assignment`` on ``card`` (a ``utils.tier_plan.Card``), at
+    ``lab_sizes`` (default: the lab's sizes of the tier the card gets)."""
+    from utils import tier_plan
+
+    p = plan(assignment)
+    tier = tier or tier_plan.sizes_tier(p, card)
+    return tier_plan.plan_for(p, card, sizes(assignment, tier) if lab_sizes is None else lab_sizes, tier)
+
+
+def plans_on(card: Any) -> list:
+    """Every lab's plan on ``card``, in the labs' order."""
+    return [plan_for(a, card) for a in REGISTRY]
+
+
+def measured_peaks() -> tuple:
+    """Every lab's measured peaks (``MEASURED_PEAKS`` in its ``plan.py``), in the labs' order."""
+    return tuple(r for a in REGISTRY for r in plan(a).MEASURED_PEAKS)
 
 
 def has(assignment: str, part: str) -> bool:

@@ -144,7 +144,7 @@ def test_the_edition_has_what_a_learner_runs_and_nothing_that_grades(edition):
     assert not {"tests", ".git"} & top and not (edition / "docs" / "grading.md").exists()
     assert sorted(p.stem for p in (edition / "notebooks").glob("*.ipynb")) == assignments()
     shipped = {p.relative_to(edition / "grader").as_posix() for p in (edition / "grader").rglob("*") if p.is_file()}
-    public = {f"labs/{pkg}/{m}.py" for pkg in labs.REGISTRY.values() for m in ("__init__", "answers", "sizes")}
+    public = {f"labs/{pkg}/{m}.py" for pkg in labs.REGISTRY.values() for m in ("__init__", "answers", "sizes", "setup", "plan")}
     assert shipped == set(GRADER_AS_IS) | public, shipped ^ (set(GRADER_AS_IS) | public)
     assert not [p for p in (edition / "grader").rglob("*.py") if p.stem in labs.PRIVATE]
     assert not list(edition.rglob("gradebook.db")) and not (edition / "grader" / "source").exists()

@@ -1,4 +1,4 @@
-"""utils/tier_plan.py, utils/lab_memory.py, utils/tier_table.py: every lab's plan on every tier.
+"""utils/tier_plan.py, utils/lab_memory.py, grader/tier_table.py and the labs' plan.py: every lab's plan on every tier.
 
 With the device faked (torch.cuda's answers replaced, as tests/utils/test_rehearsal.py does), the
 device cell's ``print(SIZES)`` prints the plan of the card it finds: its dtype matches the card
@@ -6,7 +6,7 @@ device cell's ``print(SIZES)`` prints the plan of the card it finds: its dtype m
 the estimated peak fits the card with the stated headroom, and a P100 learner reads first what
 each lab gives them. The README's table is the one the code writes, the estimates of single steps
 are checked against peaks measured on one H200 (benchmarks/RESULTS.md), and every lab's plan
-against its measured device-wide peak (utils.tier_plan.MEASURED_PEAKS): at or above it, at most 15%
+against its measured device-wide peak (MEASURED_PEAKS in grader/labs/<lab>/plan.py): at or above it, at most 15%
 above it.
 """
 from __future__ import annotations
@@ -17,9 +17,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grader import labs
-from utils import env, lab_memory, launch, quantize, rehearsal, tier_plan, tier_table, training
-from utils.tier_plan import CARDS, CONTEXT_GIB, LABS, MARGIN
+from grader import labs, tier_table
+from utils import env, lab_memory, launch, quantize, rehearsal, tier_plan, training
+from utils.tier_plan import CARDS, CONTEXT_GIB, MARGIN
+
+LABS = labs.assignments()
 
 NAMES = {"t4": "Tesla T4", "t4x2": "Tesla T4", "p100": "Tesla P100-PCIE-16GB", "l4": "NVIDIA L4",
          "a100-40gb": "NVIDIA A100-SXM4-40GB", "h100": "NVIDIA H100 80GB HBM3"}
@@ -88,7 +90,7 @@ def test_the_device_cell_prints_a_plan_that_fits_the_card(device, lab, key):
     text = str(sizes)
     live = tier_plan.current_card(env.smoke_mode())
     assert (live.capability, live.gpus, live.memory_gib) == (card.capability, card.gpus, pytest.approx(card.memory_gib))
-    plan = tier_plan.plan_for(lab, live, sizes)
+    plan = labs.plan_for(lab, live, sizes)
     _check(plan)
     assert text.startswith(f"Plan for {lab}: {NAMES[key]}") and repr(sizes) in text
     assert f"dtype: {plan.dtype} | torch.compile: {'on' if plan.compile else 'off'}" in text
@@ -178,7 +180,7 @@ def test_sizes_print_their_plan_and_stay_dataclasses():
 
 
 def test_the_readme_table_is_the_one_the_code_writes():
-    assert tier_table.readme_block() == tier_table.readme_section(), "run: python -m utils.tier_table --readme"
+    assert tier_table.readme_block() == tier_table.readme_section(), "run: python -m grader.tier_table --readme"
 
 
 # Peaks measured on one H200 (benchmarks/RESULTS.md, with each run's command and raw file there):
@@ -221,8 +223,8 @@ def test_the_measured_peaks_name_their_raw_files_or_their_machine_and_date():
     from pathlib import Path
 
     root = Path(tier_plan.__file__).resolve().parent.parent
-    assert {r.card.key for r in tier_plan.MEASURED_PEAKS} == {"t4", "h100"}
-    for r in tier_plan.MEASURED_PEAKS:
+    assert {r.card.key for r in labs.measured_peaks()} == {"t4", "h100"}
+    for r in labs.measured_peaks():
         assert "2026-12-0" in r.how and "nvidia-smi" in r.how
         if r.source:  # the raw file holds the peak: the highest reading of the named cell
             import json
@@ -273,11 +275,11 @@ def test_plan_says_what_this_machine_lacks(device, monkeypatch):
     offline) is told so in the plan, in the lab's own words, instead of a plan that lists vLLM
     and 4-bit runs the lab will then skip; the memory estimate drops the vLLM engines."""
     device("t4")
-    full = {lab: tier_plan.plan_for(lab, tier_plan.current_card(False), _device_cell_sizes(lab)) for lab in LABS}
+    full = {lab: labs.plan_for(lab, tier_plan.current_card(False), _device_cell_sizes(lab)) for lab in LABS}
     monkeypatch.setattr(tier_plan, "software_absent", lambda: (("vllm", NO_VLLM), ("bitsandbytes", NO_BNB)))
     card = tier_plan.current_card(False)
     assert card.lacks("vllm") == NO_VLLM and card.lacks("bitsandbytes") == NO_BNB
-    bare = {lab: tier_plan.plan_for(lab, card, _device_cell_sizes(lab)) for lab in LABS}
+    bare = {lab: labs.plan_for(lab, card, _device_cell_sizes(lab)) for lab in LABS}
     p3, p4, p1 = bare["03_inference_serving"], bare["04_benchmarking_production"], bare["01_single_gpu"]
     assert NO_VLLM in p3.skipped["vLLM"] and not any("vLLM" in r for r in p3.runs)
     assert NO_BNB in p3.skipped["int8 and NF4 quantization"]

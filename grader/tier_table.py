@@ -1,9 +1,10 @@
-"""The table of tiers in README.md, and the plans of every lab on any card, from ``utils.tier_plan``
-and the sizes of ``utils.env``: one source, so the README cannot drift from what the labs print.
+"""The table of tiers in README.md, and the plans of every lab on any card: each lab's plan and sizes
+(``grader/labs/<lab>/plan.py``, ``sizes.py``) through ``utils.tier_plan``, one source, so the README
+cannot drift from what the labs print.
 
-    python -m utils.tier_table                      # the six plans on this machine
-    python -m utils.tier_table 03_inference_serving --card p100
-    python -m utils.tier_table --readme             # rewrite README.md's table (tests check it)
+    python -m grader.tier_table                      # the six plans on this machine
+    python -m grader.tier_table 03_inference_serving --card p100
+    python -m grader.tier_table --readme             # rewrite README.md's table (tests check it)
 """
 from __future__ import annotations
 
@@ -13,25 +14,25 @@ from pathlib import Path
 
 from grader import labs
 from utils import env, tier_plan
-from utils.tier_plan import CARDS, CONTEXT_GIB, LABS, MARGIN, MEASURED_PEAKS, Card, LabPlan, MeasuredPeak
+from utils.tier_plan import CARDS, CONTEXT_GIB, MARGIN, Card, LabPlan, MeasuredPeak
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-BEGIN = "<!-- tier-table: written by `python -m utils.tier_table --readme`; edit utils/tier_plan.py, not this -->"
+BEGIN = ("<!-- tier-table: written by `python -m grader.tier_table --readme`; edit the labs' plan.py and sizes.py "
+         "or utils/tier_plan.py, not this -->")
 END = "<!-- /tier-table -->"
 TABLE_CARDS = ("t4", "t4x2", "p100", "l4", "a100-40gb", "h100")
 
 
 def plan(lab: str, card: Card) -> LabPlan:
-    """``lab``'s plan on ``card`` at the sizes ``utils.env`` gives that card."""
-    tier = tier_plan.sizes_tier(lab, card)
-    return tier_plan.plan_for(lab, card, labs.sizes(lab, tier), tier)
+    """``lab``'s plan on ``card`` at the sizes the lab gives that card."""
+    return labs.plan_for(lab, card)
 
 
 def calibration() -> list[tuple[MeasuredPeak, LabPlan, float]]:
-    """Each measured peak (``utils.tier_plan.MEASURED_PEAKS``) with the plan on the card it was
-    measured on and that plan's device-wide peak in GiB."""
+    """Each measured peak (``grader.labs.measured_peaks``: each lab's ``MEASURED_PEAKS``) with the plan on
+    the card it was measured on and that plan's device-wide peak in GiB."""
     out = []
-    for r in MEASURED_PEAKS:
+    for r in labs.measured_peaks():
         p = plan(r.lab, r.card)
         out.append((r, p, p.peak[1]))
     return out
@@ -39,15 +40,15 @@ def calibration() -> list[tuple[MeasuredPeak, LabPlan, float]]:
 
 def text(lab: str, card: Card) -> str:
     """The plan as a learner on ``card`` reads it (the other labs' lines included where it matters)."""
-    return plan(lab, card).text(labs.sizes)
+    return plan(lab, card).text(labs.plans_on)
 
 
 def readme_section() -> str:
     """The README's table of tiers and the reasons behind its skips; a lab whose peak was measured
     on a card of a row says so in its cell, with a letter for the machine and date below."""
-    short = {lab: lab.split("_")[0] for lab in LABS}
-    head = "| tier | card | memory (GiB) | dtype | torch.compile | " + " | ".join(f"lab {short[x]}" for x in LABS) + " |"
-    rows = [head, "|" + "---|" * (5 + len(LABS))]
+    short = {lab: lab.split("_")[0] for lab in labs.assignments()}
+    head = "| tier | card | memory (GiB) | dtype | torch.compile | " + " | ".join(f"lab {short[x]}" for x in labs.assignments()) + " |"
+    rows = [head, "|" + "---|" * (5 + len(labs.assignments()))]
     reasons: dict[tuple[str, str], list[str]] = {}
     letters: dict[str, str] = {}
     measured = {}
@@ -57,7 +58,7 @@ def readme_section() -> str:
     for key in TABLE_CARDS:
         card = CARDS[key]
         cells = []
-        for p in (plan(lab, card) for lab in LABS):
+        for p in (plan(lab, card) for lab in labs.assignments()):
             need = p.peak[1] if p.peak else 0.0
             cell = ("runs all" if not p.skipped else "skips " + ", ".join(p.skipped)) + f"; {need:.1f}"
             if (key, p.lab) in measured:
@@ -66,9 +67,9 @@ def readme_section() -> str:
                 cell += ")" if abs(g - need) < 0.05 else f" {_difference(r.card, card)}, where the plan is {g:.1f})"
             cells.append(cell)
             for what, why in p.skipped.items():
-                labs = reasons.setdefault((what, why), [])
-                if short[p.lab] not in labs:
-                    labs.append(short[p.lab])
+                named = reasons.setdefault((what, why), [])
+                if short[p.lab] not in named:
+                    named.append(short[p.lab])
         ok = tier_plan.compile_support(card)[0]
         rows.append(f"| {key} ({card.size_tier} sizes) | {card.name}, {card.where} | {card.memory_gib:.1f} | "
                     f"{tier_plan.card_dtype(card)} | {'yes' if ok else 'no: compute capability below 7.0'} | "
@@ -78,7 +79,7 @@ def readme_section() -> str:
            f"Each lab cell: what it skips, then its peak GiB per GPU as `nvidia-smi` would show it, an estimate "
            f"({MARGIN:.0%} margin and {CONTEXT_GIB} GiB of CUDA context per process included; `utils.lab_memory`). "
            "A cell that says \"measured\" also gives the lab's measured device-wide peak on that row's card "
-           "(`utils.tier_plan.MEASURED_PEAKS`; a test holds each plan at or above its measured peak and at most "
+           "(`MEASURED_PEAKS` in each lab's `grader/labs/<lab>/plan.py`; a test holds each plan at or above its measured peak and at most "
            "15% above it); every other cell is an estimate only. A peak equal to the card's memory is the caching "
            "allocator filling the card with blocks it gives back on demand. Measured on: "
            + "; ".join(f"[{x}] {how}" for how, x in letters.items()) + ". Memory: "
@@ -121,8 +122,8 @@ def write_readme(path: Path = README) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m utils.tier_table", description=__doc__.split("\n")[0])
-    ap.add_argument("lab", nargs="?", choices=LABS, help="one lab (default: all six)")
+    ap = argparse.ArgumentParser(prog="python -m grader.tier_table", description=__doc__.split("\n")[0])
+    ap.add_argument("lab", nargs="?", choices=labs.assignments(), help="one lab (default: all six)")
     ap.add_argument("--card", choices=sorted(CARDS), help="a card of the table instead of this machine")
     ap.add_argument("--readme", action="store_true", help="rewrite README.md's table of tiers")
     a = ap.parse_args(argv)
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print("README.md " + ("updated" if write_readme() else "already up to date"))
         return 0
     card = CARDS[a.card] if a.card else tier_plan.current_card(env.smoke_mode())
-    for lab in [a.lab] if a.lab else LABS:
+    for lab in [a.lab] if a.lab else labs.assignments():
         print(text(lab, card), end="\n\n")
     return 0
 
