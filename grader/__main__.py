@@ -101,7 +101,7 @@ def grade_batch_outputs_empty(out: Path) -> None:
 
 
 def _cmd_report(a) -> int:
-    from utils import portfolio
+    from grader import portfolio
 
     return portfolio.main(a.args, prog="python -m grader report")
 

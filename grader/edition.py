@@ -11,8 +11,9 @@ names) decide the grades. The student edition holds what a learner runs and noth
 - the public half of ``grader/`` (:data:`GRADER_AS_IS`): the notebooks' ``grader.checks``, the
   typed boundary they write their answers and records through (``names.py``, ``schema.py``,
   ``answers.py``), ``grader/labs/__init__.py`` and each lab's public modules (its answers schema,
-  its sizes; never its judges, reference, harness or rules: :func:`lab_files`), ``student_check.py``
-  and ``__main__.py``, which runs ``student_check`` where there is no ``grader/source/``;
+  its sizes, plan and install needs; never its judges, reference, harness or rules: :func:`lab_files`),
+  ``grader/portfolio/`` (``python -m grader report``: a lab's README from the learner's own record),
+  ``student_check.py`` and ``__main__.py``, which runs ``student_check`` where there is no ``grader/source/``;
 - ``deploy/``, the ``benchmarks/`` scripts the labs launch (any that needs an instructor module is
   left out; no measured results), ``docs/reference.md``, the requirements, ``pyproject.toml`` (so
   ``pip install -e .`` installs ``utils`` and ``grader``), ``course.toml``;
@@ -39,7 +40,8 @@ from grader import course as C
 from grader import release as R
 
 GRADER_AS_IS = ("__init__.py", "__main__.py", "checks.py", "student_check.py", "names.py", "schema.py", "answers.py",
-                "labs/__init__.py")
+                "labs/__init__.py", *(f"portfolio/{m}.py" for m in ("__init__", "__main__", "answers", "format", "inputs",
+                                                                    "plots", "sections")))
 TREES = ("utils", "deploy", "benchmarks")
 FILES = ("requirements.txt", "environment.yml", "pyproject.toml", "course.toml", "docs/reference.md")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.record.json", ".venv*")

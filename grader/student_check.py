@@ -136,11 +136,16 @@ def format_table(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "report":  # a lab's README from the learner's own record: the same in both editions
+        from grader import portfolio
+
+        return portfolio.main(argv[1:], prog="python -m grader report")
     if argv and argv[0] in ("release", "autograde"):
         print(f"error: this is the student edition: `{argv[0]}` is in the instructors' repository; "
               "`python -m grader check NOTEBOOK` runs your notebook's visible tests", file=sys.stderr)
         return 2
-    p = argparse.ArgumentParser(prog="python -m grader", description="Run a lab notebook's visible tests.")
+    p = argparse.ArgumentParser(prog="python -m grader", description="Run a lab notebook's visible tests "
+                                "(`python -m grader report` writes a lab's README from your record).")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="run the notebook from the top and report its visible tests")
     c.add_argument("notebook", type=Path)

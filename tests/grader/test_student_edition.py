@@ -313,6 +313,20 @@ def test_check_in_the_edition_refuses_with_one_line(edition, tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_report_in_the_edition_writes_a_labs_readme_from_the_learners_record(edition, tmp_path, monkeypatch):
+    from tests import portfolio_records as R
+
+    proc = _run(edition, "report", "--help", timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m grader report "), proc.stdout[:300]
+    record = R.write("00_foundations", tmp_path / "00_foundations.record.json", R.namespace("00_foundations"), R.H200,
+                     monkeypatch)
+    proc = _run(edition, "report", str(record), "--out", str(tmp_path / "out"), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "00_foundations" in (tmp_path / "out" / "README.md").read_text()
+    proc = _run(edition, "report", str(tmp_path / "absent.json"), "--out", str(tmp_path / "out2"), timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 def test_the_full_repository_keeps_its_own_check_and_refuses_a_bad_edition_folder(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "grader", "check", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)

@@ -1,19 +1,19 @@
 """``python -m grader report NOTEBOOK_OR_RECORD --out DIR [--record FILE]`` (also
-``python -m utils.portfolio``): a lab's results as a README for the learner's GitHub project.
+``python -m grader report``): a lab's results as a README for the learner's GitHub project.
 
 It is given a lab notebook or the measurement record its last cell wrote
 (``checks.save_record``, ``grader/answers.py``); which lab, record and notebook that makes is
-``utils/portfolio_inputs.py``'s ``load``. It writes ``DIR/README.md``: the machine the record was
-measured on, each exercise's answers with their units (``utils/portfolio_sections.py``), the
-figures the answers have the data for as PNG files (``utils/portfolio_plots.py``), the exercises
+``grader/portfolio/inputs.py``'s ``load``. It writes ``DIR/README.md``: the machine the record was
+measured on, each exercise's answers with their units (``grader/portfolio/sections.py``), the
+figures the answers have the data for as PNG files (``grader/portfolio/plots.py``), the exercises
 not done yet, named as the notebook names them, and the learner's written answers when the
-notebook is there (``utils/portfolio_answers.py``). A partly solved lab renders what it has.
+notebook is there (``grader/portfolio/answers.py``). A partly solved lab renders what it has.
 
 Two lines at the top say where the numbers are not this machine's GPU numbers: a smoke record
 (measured on a CPU at the smoke sizes), and a record from another machine than this one (an H200
 record opened on a laptop: the numbers are the H200's).
 
-Every number is the record's, printed by ``utils/portfolio_format.py``. Bad input (no notebook or
+Every number is the record's, printed by ``grader/portfolio/format.py``. Bad input (no notebook or
 record, a file that is neither, a record of no lab of this course or of another lab than the
 notebook's) is one line on stderr and exit status 2.
 """
@@ -25,11 +25,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from utils import portfolio_answers as A
-from utils import portfolio_sections as S
-from utils.portfolio_format import cudnn_version, md_table
-from utils.portfolio_inputs import Inputs, PortfolioError, load  # noqa: F401 (re-exported)
-from utils.portfolio_plots import KINDS, declutter, find_plots
+from grader.portfolio import answers as A
+from grader.portfolio import sections as S
+from grader.portfolio.format import cudnn_version, md_table
+from grader.portfolio.inputs import Inputs, PortfolioError, load  # noqa: F401 (re-exported)
+from grader.portfolio.plots import KINDS, declutter, find_plots
 
 PROG = "python -m grader report"
 FINGERPRINT_ROWS = (
@@ -218,4 +218,4 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog="python -m utils.portfolio"))
+    sys.exit(main(prog="python -m grader report"))

@@ -1,6 +1,6 @@
 """Which lab, record and notebook a ``python -m grader report`` README is written from.
 
-The command (``utils/portfolio.py``) is given a notebook or a measurement record: the JSON a lab's
+The command (``grader/portfolio/__init__.py``) is given a notebook or a measurement record: the JSON a lab's
 last cell writes with ``checks.save_record("<assignment>", globals())`` (``grader/answers.py``,
 schema :data:`grader.names.RECORD_SCHEMA`): the answers of every graded cell, the names still
 missing, the machine's fingerprint, its size tier and matmul dtype. From a record, the lab is the
@@ -19,7 +19,7 @@ from pathlib import Path
 from grader import labs
 from grader.answers import record_path
 from grader.names import RECORD_SCHEMA
-from utils import portfolio_answers as A
+from grader.portfolio import answers as A
 from utils.env import repo_root
 from utils.notebook_lab import grade_ids, lab_of
 

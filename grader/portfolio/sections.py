@@ -3,7 +3,7 @@
 Lab-agnostic: each lab declares its graded cells' answers and their types in
 ``grader/labs/<lab>/answers.py`` (``grader.schema`` specs), and a record holds each cell's answers
 as the notebook computed them. A cell's answers are printed under the exercise's own heading
-(``utils/portfolio_answers.py``), each with the unit its spec gives; a fraction (MFU, a share, an
+(``grader/portfolio/answers.py``), each with the unit its spec gives; a fraction (MFU, a share, an
 efficiency, a relative error) is a percentage. Nothing is computed from the numbers; every one is
 the record's.
 """
@@ -14,8 +14,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from grader import labs
+from grader.portfolio.format import is_number, md_table, num, percent
 from grader.schema import NONFINITE, UNENCODABLE, DictOf, Fields, ListOf, Nullable, TupleOf
-from utils.portfolio_format import is_number, md_table, num, percent
 
 FRACTION = re.compile(r"(^|_)(mfu|share|fraction|efficiency|error)($|_)", re.IGNORECASE)
 UNIT_SUFFIX = (("_pct", "%"), ("_ms", "ms"), ("_us", "us"), ("_gib", "GiB"), ("_gbs", "GB/s"), ("_tflops", "TFLOP/s"),

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from grader import labs
+from grader import labs, portfolio
+from grader.portfolio.format import cudnn_version, num, percent, sig
 from tests import portfolio_records as R
-from utils import portfolio
-from utils.portfolio_format import cudnn_version, num, percent, sig
 
 ROOT = Path(__file__).resolve().parents[2]
 LABS = labs.assignments()
@@ -163,8 +162,8 @@ def test_overlapping_labels_are_moved_apart():
     import matplotlib
 
     matplotlib.use("Agg")
+    from grader.portfolio.plots import declutter
     from utils import plots
-    from utils.portfolio_plots import declutter
 
     fig = plots.roofline(0.0939, 3.61, [("elementwise", 0.25, 0.0009), ("tiny_ops", 0.24, 0.00088),
                                         ("thin", 0.26, 0.00089)])

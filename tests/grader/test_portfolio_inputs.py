@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from grader import portfolio
 from tests import portfolio_records as R
-from utils import portfolio
 
 ROOT = Path(__file__).resolve().parents[2]
 V1_RECORD = ROOT / "benchmarks" / "results" / "h200-phase0-graded" / "2026-11-30" / "00_foundations.record.json"

@@ -4,7 +4,7 @@ Each finder reads only the record's answers (by the names the labs give them in
 ``grader/labs/<lab>/answers.py``) and returns a :class:`Plot` that draws from them, so the
 portfolio never draws made-up data. A finder names the answers it reads (``needs``): a lab that
 hands in none of them does not make that figure, and one whose record lacks them yet is told
-which exercise to finish (``utils/portfolio.py``). Titles print numbers to three significant
+which exercise to finish (``grader/portfolio/__init__.py``). Titles print numbers to three significant
 figures, and labels that would overlap are moved apart (:func:`declutter`).
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from grader.portfolio.format import get, is_number, num, sig
 from utils import plots
-from utils.portfolio_format import get, is_number, num, sig
 
 KINDS = {
     "roofline": "roofline",
