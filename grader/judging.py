@@ -127,6 +127,7 @@ class Verdict:
     message: str = ""
     notes: list = dataclasses.field(default_factory=list)
     provisional: bool = False
+    seconds: float = 0.0  # the grader's time on this cell: its harness, its measurements and its judge
 
     @property
     def passed(self) -> bool:
@@ -135,7 +136,7 @@ class Verdict:
     def to_dict(self) -> dict:
         return {"cell": self.cell, "points": self.points, "max_points": self.max_points, "mode": self.mode,
                 "message": self.message, "notes": list(self.notes), "provisional": self.provisional,
-                "passed": self.passed}
+                "passed": self.passed, "seconds": round(self.seconds, 2)}
 
 
 def plain(value: Any) -> Any:
@@ -198,6 +199,7 @@ class Run:
     record: dict | None = None  # a GPU record, judged where this machine has no GPU
     record_context: Context | None = None
     record_problem: str = ""  # why a submitted record is not used, for the feedback
+    calls_s: float = 0.0  # what :func:`judge_all` spent running the learner's functions on the drawn cases
 
 
 def _sandbox_job(run: Run, checks: list[Check], strict: bool) -> dict:
@@ -336,8 +338,11 @@ def judge_all(run: Run) -> dict[str, Verdict]:
             verdicts[cell] = Verdict(cell, 0.0, max_points, RECORD if recorded else (LIVE if check.measures else COMPUTED),
                                      str(exc), provisional=recorded)
     todo = [checks[c] for c in run.points if c in answers]
+    t0 = time.perf_counter()
     _calls(run, todo, answers, problems)
+    run.calls_s = time.perf_counter() - t0
     for check in todo:
+        started = time.perf_counter()
         cell, a, max_points = check.cell, answers[check.cell], run.points[check.cell]
         recorded = use_record and bool(check.measures) and not check.always_live
         mode = RECORD if recorded else (LIVE if check.measures else COMPUTED)
@@ -368,5 +373,5 @@ def judge_all(run: Run) -> dict[str, Verdict]:
         elif run.record_problem and check.measures:
             notes.insert(0, run.record_problem)
         verdicts[cell] = Verdict(cell, 0.0 if message else max_points, max_points, mode, message, notes,
-                                 provisional=recorded)
+                                 provisional=recorded, seconds=time.perf_counter() - started)
     return {c: verdicts[c] for c in run.points if c in verdicts}

@@ -238,6 +238,6 @@ class JudgeCells(NbGraderPreprocessor):
         if self.verdicts_path:
             Path(self.verdicts_path).write_text(json.dumps(
                 {"seed": seed, "record_used": record is not None, "record_problem": problem,
-                 "count_provisional": self.count_provisional,
+                 "count_provisional": self.count_provisional, "calls_s": round(run.calls_s, 2),
                  "verdicts": {k: v.to_dict() for k, v in verdicts.items()}}, indent=1))
         return nb, resources

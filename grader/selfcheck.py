@@ -69,6 +69,18 @@ def check_notebook(notebook: Path, *, assignment: str | None = None, record: Pat
     return res
 
 
+def time_line(res: dict) -> str:
+    """Where the grading time went: the whole run, the drawn cases the learner's functions ran on, and
+    the cells the grader spent longest on (their harnesses and measurements), so an instructor sees
+    what a class of this lab costs."""
+    judged = sorted(((c.get("judge_s") or 0.0, c["cell"]) for c in res.get("cells", [])), reverse=True)
+    spent = sum(s for s, _ in judged) + (res.get("calls_s") or 0.0)
+    top = ", ".join(f"{cell} {s:.0f} s" for s, cell in judged[:3] if s >= 1)
+    return (f"time: {res['grading_s']:.0f} s in all: the notebook run {max(0.0, res['grading_s'] - spent):.0f} s, "
+            f"the grader's own work {spent:.0f} s (drawn cases {res.get('calls_s') or 0.0:.0f} s"
+            + (f"; longest: {top}" if top else "") + ")")
+
+
 def format_table(res: dict) -> str:
     """The per-cell table printed by ``check``."""
     rows = [("cell", "points", "score", "passed", "graded", "note")]
@@ -88,6 +100,8 @@ def format_table(res: dict) -> str:
                      "of written answers await a manual grade (the note beside each is the check of the numbers it quotes)")
     if res.get("timeout_why"):
         lines.append(f"per-cell time limit: {res['timeout_why']}")
+    if res.get("grading_s"):
+        lines.append(time_line(res))
     for note in res.get("notes", []):
         if note.startswith("screen: "):
             lines.append(f"  {note.removeprefix('screen: ')}")

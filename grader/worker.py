@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -70,6 +71,7 @@ def _judged_cells(grades: dict, verdicts_file: Path, result: dict) -> None:
         found = {}
     verdicts = found.get("verdicts", {})
     result["seed"] = found.get("seed")
+    result["calls_s"] = found.get("calls_s", 0.0)
     if found.get("record_problem"):
         result["notes"].append(found["record_problem"])
     verified = provisional = 0.0
@@ -82,7 +84,8 @@ def _judged_cells(grades: dict, verdicts_file: Path, result: dict) -> None:
             cell.update(mode="-", message="not graded" if result["status"] != "ok" else "no verdict", provisional=False)
             cell["passed"] = False
             continue
-        cell.update(mode=v["mode"], message=v["message"], notes=v["notes"], provisional=v["provisional"])
+        cell.update(mode=v["mode"], message=v["message"], notes=v["notes"], provisional=v["provisional"],
+                    judge_s=v.get("seconds", 0.0))
         cell["passed"] = bool(v["passed"])
         if v["provisional"]:
             provisional += float(v["points"])
@@ -105,6 +108,7 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
         _restore(keep, course, assignment, student)  # a retry grades the screened bytes, whatever the kernel wrote
         verdicts.unlink(missing_ok=True)
         watched = course_changes(course)
+        started = time.perf_counter()
         try:
             C.autograde(course, assignment, student, timeout_s, iopub_s, startup_s, verdicts=verdicts,
                         count_provisional=count_provisional, seed=seed)
@@ -113,6 +117,7 @@ def grade(course: Path, assignment: str, student: str, timeout_s: int, feedback:
         finally:
             kill_descendants()  # nothing the notebook started may outlive its grading
             changed += [p for p in course_changes(course, watched) if p not in changed]
+            result["grading_s"] = round(time.perf_counter() - started, 1)  # the last attempt's
         if result["status"] != C.KERNEL_DIED:
             break
         if attempt < KERNEL_DEATH_RETRIES:

@@ -304,6 +304,9 @@ def test_7_a_forged_record_is_provisional_and_counts_only_when_the_instructor_sa
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["score"] == sum(MEASURED.values()) and res["provisional_score"] == sum(MEASURED.values()), proc.stdout
     assert "provisional" in proc.stdout
+    judged = [c for c in res["cells"] if c.get("mode") != "manual"]  # where the time went, per judged cell
+    assert res["grading_s"] > 0 and all(c["judge_s"] >= 0 for c in judged) and res["calls_s"] >= 0
+    assert sum(c["judge_s"] for c in judged) + res["calls_s"] <= res["grading_s"] and "time: " in proc.stdout
 
 
 def test_kernel_tricks_earn_nothing(graded):
