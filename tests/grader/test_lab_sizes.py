@@ -17,7 +17,7 @@ def test_every_lab_has_frozen_sizes_for_every_tier(lab):
     s = labs.sizes(lab, "cpu")
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.__setattr__(dataclasses.fields(s)[0].name, None)
-    assert labs.load(lab).sizes("t4") is table["t4"] is labs.load(lab).part("sizes").sizes("t4")
+    assert labs.load(lab).sizes("t4") is table["t4"] is labs.sizes(lab, "t4")
     assert str(s).startswith(f"Plan for {lab}")  # sizes print as their plan (utils.tier_plan)
 
 

@@ -1,7 +1,4 @@
-"""Lab 00's plan on a card: what it runs and what it skips and why (``parts``, printed by
-``utils.tier_plan``), the moments where its GPU memory peaks (``moments``, from ``utils.lab_memory``'s
-terms) and the peaks measured on real runs that the plan is held to (``MEASURED_PEAKS``:
-tests/utils/test_tier_plan.py fails a plan below one or more than 15% above it)."""
+"""Lab 00's plan: ``parts`` (what runs on a card), ``moments`` (memory peaks), ``MEASURED_PEAKS``."""
 from __future__ import annotations
 
 from utils.lab_memory import FLUSH_GIB, Context, Moment, gib_of, shape, train_gib

@@ -1,9 +1,4 @@
-"""Lab 05's sizes per tier (``utils.env.TIERS``: ``cpu`` for smoke mode, ``t4``, ``a100``, ``h100``), the
-graded thresholds among them: what the notebook's cells, the grader's re-measurements and the plan
-(``print(SIZES)``, ``utils.tier_plan``) read. ``grader.labs.sizes("05_hardware_and_cost")`` picks this device's tier.
-
-Each tier is sized for its smallest card by ``utils.lab_memory``'s estimate; the tier names say what
-the sizes were made for, not what they were measured on."""
+"""Lab 05's sizes per tier, graded thresholds included (``grader.labs.sizes`` picks the device's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,10 +41,3 @@ BY_TIER = {
     "h100": Phase5Sizes(8192, 1 << 28, "gpt2-small", 16, 1024, 30, (1, 8, 32, 128), 128, 64, "gpt2-small", 8, 256,
                         12, 4, 6, 4096, _XLA_GPU),
 }
-
-
-def sizes(tier: str | None = None):
-    """The sizes for ``tier`` (default: this device's, the rehearsed card's under ``GPULAB_TIER``)."""
-    from grader.labs import sizes as of_lab
-
-    return of_lab(ASSIGNMENT, tier)

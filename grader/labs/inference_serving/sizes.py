@@ -1,9 +1,4 @@
-"""Lab 03's sizes per tier (``utils.env.TIERS``: ``cpu`` for smoke mode, ``t4``, ``a100``, ``h100``), the
-graded thresholds among them: what the notebook's cells, the grader's re-measurements and the plan
-(``print(SIZES)``, ``utils.tier_plan``) read. ``grader.labs.sizes("03_inference_serving")`` picks this device's tier.
-
-Each tier is sized for its smallest card by ``utils.lab_memory``'s estimate; the tier names say what
-the sizes were made for, not what they were measured on."""
+"""Lab 03's sizes per tier, graded thresholds included (``grader.labs.sizes`` picks the device's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,10 +31,3 @@ BY_TIER = {
     "a100": Phase3Sizes("llama-1.1b", 128, 64, (128, 512, 1024, 2048), 4, 64, (1, 8, 32), 1 << 27, 512, 8, 16, 32, 3.0),
     "h100": Phase3Sizes("llama-1.1b", 128, 64, (128, 512, 1024, 2048), 4, 64, (1, 8, 32), 1 << 28, 512, 8, 16, 32, 4.0),
 }
-
-
-def sizes(tier: str | None = None):
-    """The sizes for ``tier`` (default: this device's, the rehearsed card's under ``GPULAB_TIER``)."""
-    from grader.labs import sizes as of_lab
-
-    return of_lab(ASSIGNMENT, tier)

@@ -1,7 +1,4 @@
-"""Lab 02's plan on a card: what it runs and what it skips and why (``parts``, printed by
-``utils.tier_plan``), the moments where its GPU memory peaks (``moments``, from ``utils.lab_memory``'s
-terms) and the peaks measured on real runs that the plan is held to (``MEASURED_PEAKS``:
-tests/utils/test_tier_plan.py fails a plan below one or more than 15% above it)."""
+"""Lab 02's plan: ``parts`` (what runs on a card), ``moments`` (memory peaks), ``MEASURED_PEAKS``."""
 from __future__ import annotations
 
 from utils.lab_memory import Context, Moment, Other, dpo_gib, gib_of, shape, train_gib

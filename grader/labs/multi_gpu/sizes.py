@@ -1,9 +1,4 @@
-"""Lab 02's sizes per tier (``utils.env.TIERS``: ``cpu`` for smoke mode, ``t4``, ``a100``, ``h100``), the
-graded thresholds among them: what the notebook's cells, the grader's re-measurements and the plan
-(``print(SIZES)``, ``utils.tier_plan``) read. ``grader.labs.sizes("02_multi_gpu")`` picks this device's tier.
-
-Each tier is sized for its smallest card by ``utils.lab_memory``'s estimate; the tier names say what
-the sizes were made for, not what they were measured on."""
+"""Lab 02's sizes per tier, graded thresholds included (``grader.labs.sizes`` picks the device's)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,10 +34,3 @@ BY_TIER = {
     "a100": Phase2Sizes("gpt2-small", 8, 1024, 20, 5, True, False, 1, 4, 4, "1MiB,16MiB,256MiB,1GiB", 20, 0.85, 8, 512),
     "h100": Phase2Sizes("gpt2-small", 16, 1024, 20, 5, True, False, 1, 4, 4, "1MiB,16MiB,256MiB,1GiB", 20, 0.9, 8, 1024),
 }
-
-
-def sizes(tier: str | None = None):
-    """The sizes for ``tier`` (default: this device's, the rehearsed card's under ``GPULAB_TIER``)."""
-    from grader.labs import sizes as of_lab
-
-    return of_lab(ASSIGNMENT, tier)
