@@ -1,8 +1,9 @@
-"""Peak GPU memory of each lab at its sizes, from ``utils.memory``'s formulas: what a tier plan
-(``utils.tier_plan``) checks against a card.
+"""The terms a lab's peak GPU memory is estimated from, with ``utils.memory``'s formulas: what a tier
+plan (``utils.tier_plan``) checks against a card.
 
 The numbers are arithmetic on the model shapes in ``utils/configs/`` and a lab's sizes
-(``grader/labs/<lab>/sizes.py``); each lab's moments are in its ``plan.py``, built from these terms; the few constants measured on a GPU say so where they are defined. A lab is a list
+(``grader/labs/<lab>/sizes.py``); each lab's moments are in its ``plan.py``, built from these terms;
+the few constants measured on a GPU say so where they are defined. A lab is a list
 of :class:`Moment`: the points where its memory peaks, each with what the notebook's own process
 holds then (the tensors still referenced from earlier cells included, since a notebook keeps its
 globals), the blocks its caching allocator keeps reserved from earlier cells that it cannot reuse

@@ -54,7 +54,7 @@ keeps blocks from earlier cells that it cannot reuse (``Moment.cached_gib``) bey
 up to the card's memory, since the allocator gives cached blocks back when an allocation would
 otherwise fail. The margin is chosen (what the caching allocator reserves beyond what it hands
 out); the context is measured. Each plan is compared with the lab's measured peaks (``MEASURED_PEAKS``
-in ``grader/labs/<lab>/plan.py``, all of them :func:`measured_peaks`), and ``tests/utils/test_tier_plan.py``
+in ``grader/labs/<lab>/plan.py``, all of them ``grader.labs.measured_peaks``), and ``tests/utils/test_tier_plan.py``
 fails when a plan is below a measured peak or more than 15% above it. What a lab runs and where its
 memory peaks are the lab's own (``parts`` and ``moments`` in the same ``plan.py``); this module holds
 the cards, the rules and the arithmetic they share.

@@ -1,10 +1,11 @@
 """The labs, registered once: assignment id -> the folder that holds everything of that lab.
 
 A lab's folder (``grader/labs/<name>/``) holds its sizes per tier (``sizes``), its plan and memory
-model with its measured peaks (``plan``), what its setup installs (``setup``), its answers schema, its
-judges, the grader's reference measurements and its portfolio section. Adding a seventh lab is one folder and one line in :data:`REGISTRY`.
+model with its measured peaks (``plan``), what its setup installs (``setup``), its answers schema
+(``answers``, which the portfolio, ``grader/portfolio/``, also reads), its judges and the grader's
+reference measurements. Adding a seventh lab is one folder and one line in :data:`REGISTRY`.
 
-The folder's public modules (``sizes``, ``answers``, ``plan``, ``setup``, ``portfolio``) ship in the
+The folder's public modules (``sizes``, ``answers``, ``plan``, ``setup``) ship in the
 student edition; the grading ones (``judges``, ``reference``, ``harness``) do not, and are
 imported only when a lab is graded (:attr:`Lab.judges`).
 """
@@ -126,13 +127,14 @@ class PrintsPlan:
 
     def __str__(self) -> str:
         try:
+            import sys
+
             from utils import env, tier_plan
 
-            lab = next(a for a in REGISTRY if type(load(a).part("sizes").BY_TIER["cpu"]) is type(self))
-            tiers = load(lab).part("sizes").BY_TIER
-            tier = next((t for t, s in tiers.items() if s is self), None) or next(
-                (t for t, s in tiers.items() if s == self), env.device_tier())
-            return tier_plan.describe(self, plan(lab), tier, env.smoke_mode(), plans_on)
+            own = sys.modules[type(self).__module__]  # the lab's sizes.py: its ASSIGNMENT and BY_TIER
+            tier = next((t for t, s in own.BY_TIER.items() if s is self), None) or next(  # two tiers may hold equal sizes
+                (t for t, s in own.BY_TIER.items() if s == self), env.device_tier())
+            return tier_plan.describe(self, plan(own.ASSIGNMENT), tier, env.smoke_mode(), plans_on)
         except Exception as exc:  # the sizes still print when the plan cannot be made
             return f"{self!r}\n(no plan: {type(exc).__name__}: {exc})"
 
