@@ -1,7 +1,7 @@
 """All-reduce bandwidth across the GPUs of one machine, as nccl-tests reports it.
 
 Launch one process per GPU; rank 0 writes the table (bytes, time_us, algbw_gbs,
-busbw_gbs per size; utils.distributed.allreduce_benchmark) with the machine's fingerprint:
+busbw_gbs per size; utils.parallel.distributed.allreduce_benchmark) with the machine's fingerprint:
 
     torchrun --standalone --nproc_per_node 2 benchmarks/allreduce.py --out out/allreduce.json
     torchrun --standalone --nproc_per_node 2 benchmarks/allreduce.py --out a.json --sizes 1MiB,16MiB,256MiB,1GiB
@@ -24,7 +24,13 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from utils.distributed import LINK_PEAKS, allreduce_benchmark, exit_without_teardown, link_peak, parse_size_bytes  # noqa: E402
+from utils.parallel.distributed import (  # noqa: E402
+    LINK_PEAKS,
+    allreduce_benchmark,
+    exit_without_teardown,
+    link_peak,
+    parse_size_bytes,
+)
 
 GPU_SIZES = "1MiB,16MiB,256MiB,1GiB"
 SMOKE_SIZES = "4KiB,64KiB,1MiB"
@@ -34,8 +40,8 @@ ENV_VARS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DIS
 
 def _nvlink_active_links(device_index: int) -> int | None:
     """Active NVLinks of one GPU through the NVML seam (None without NVML)."""
-    from utils import nvml
-    from utils.hardware import nvml_handle_for_torch
+    from utils.device import nvml
+    from utils.device.hardware import nvml_handle_for_torch
 
     if not nvml.status().available:
         return None
@@ -104,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank != 0:
         return 0
 
-    from utils.hardware import fingerprint
-    from utils.record import utils_hash
+    from utils.device.hardware import fingerprint
+    from utils.measure.record import utils_hash
 
     fp = fingerprint(local_rank if use_nccl else 0)
     link = None

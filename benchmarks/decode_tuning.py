@@ -2,7 +2,7 @@
 
     python benchmarks/decode_tuning.py OUT.json [--variants NAME,...]   # on a CUDA GPU: Llama-1.1B shape, bf16, batch 1
 
-``utils.decode.FastDecoder`` (static KV cache, fused QKV and gate/up, one CUDA graph per
+``utils.serving.decode.FastDecoder`` (static KV cache, fused QKV and gate/up, one CUDA graph per
 token) is built once per variant over the same random-weight model:
 
 ``default``
@@ -24,11 +24,11 @@ token) is built once per variant over the same random-weight model:
 ``matmul``
     ``FastDecoder``'s defaults alone: Inductor's default config, matmul attention.
 
-Each is timed as ``utils.inference.measure_decode`` times it (TPOT from 1 and 64 new tokens
+Each is timed as ``utils.serving.inference.measure_decode`` times it (TPOT from 1 and 64 new tokens
 after a 128-token prompt); ``weights_gbs`` is weight bytes read per step x steps per second,
 the quantity the copy bandwidth bounds, and ``fraction_of_copy`` is that over the measured copy
 bandwidth. A variant that fails records its error and the others still run. Each is then
-profiled (``utils.profiling.profile_steps`` over 64-token generations): kernels per token,
+profiled (``utils.diagnosis.profiling.profile_steps`` over 64-token generations): kernels per token,
 GPU-busy time per token and the kernels that take the time.
 """
 from __future__ import annotations
@@ -55,10 +55,10 @@ PROMPT_LEN, NEW_TOKENS = 128, 64
 def kernel_profile(path, new_tokens: int, steps: int = 3) -> dict:
     """Kernels per generated token and where the GPU time goes, from a profile of ``steps``
     generations of ``new_tokens`` tokens (each includes one uncompiled prefill)."""
-    from utils import profiling
-    from utils.timing import device_sync
-    from utils.trace_events import load_events
-    from utils.trace_metrics import analysis_window, step_windows
+    from utils.diagnosis import profiling
+    from utils.diagnosis.trace_events import load_events
+    from utils.diagnosis.trace_metrics import analysis_window, step_windows
+    from utils.measure.timing import device_sync
 
     def generation():  # synchronised, so each ProfilerStep holds its own generation's kernels
         path(new_tokens)
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from utils import decode, inference
-    from utils.models import build_model
+    from utils.model.models import build_model
+    from utils.serving import decode, inference
     from utils.units import GB
 
     if not torch.cuda.is_available():

@@ -3,11 +3,11 @@
     python benchmarks/fused_check.py --out results/fused_check.json      # CUDA GPU, bf16, about a minute
     python benchmarks/fused_check.py --out /tmp/fused.json               # CPU: tiny sizes, Triton's interpreter
 
-For each ``(n_rows, n_cols)`` and block size, ``utils.fused.compare_bias_gelu`` times the course's
-kernel (``grader/fused_reference.py``) and the unfused ops (``utils.timing.benchmark``: CUDA events, L2 flush, repeats) and reports the speedup
+For each ``(n_rows, n_cols)`` and block size, ``utils.train.fused.compare_bias_gelu`` times the course's
+kernel (``grader/fused_reference.py``) and the unfused ops (``utils.measure.timing.benchmark``: CUDA events, L2 flush, repeats) and reports the speedup
 and the fused kernel's achieved bandwidth (bytes it must move, ``2 N e + C e``, over its median
 time). Beside them: the same bandwidth as a fraction of the datasheet figure in
-``utils.hardware`` (H200: 4800 GB/s), and a measured ceiling, a device-to-device copy of the
+``utils.device.hardware`` (H200: 4800 GB/s), and a measured ceiling, a device-to-device copy of the
 same tensor (``out.copy_(x)``, which moves exactly the fused kernel's ``2 N e`` bytes): the
 fused kernel cannot beat the copy by much, and how close it gets says how good the kernel is.
 The byte counts say the speedup can approach 2x on tensors much larger than L2 (an estimate;
@@ -38,7 +38,7 @@ BF16_TOL = 0.25
 
 def copy_ceiling(n_rows: int, n_cols: int, device, dtype) -> dict:
     """Median time and bandwidth of a copy of the same shape and dtype: reads N e, writes N e."""
-    from utils.inference import measure_copy_bandwidth
+    from utils.serving.inference import measure_copy_bandwidth
 
     c = measure_copy_bandwidth(n_rows * n_cols, device, budget_s=2.0, dtype=dtype)
     return {"copy_ms": c["time"].median_ms, "copy_gbs": c["gbs"]}
@@ -48,9 +48,9 @@ def run(out: Path) -> dict:
     import torch
 
     from grader.fused_reference import bias_gelu  # the course's kernel (instructors' repository only)
-    from utils import fused
-    from utils.hardware import current_spec, fingerprint, spec_dict
-    from utils.record import utils_hash
+    from utils.device.hardware import current_spec, fingerprint, spec_dict
+    from utils.measure.record import utils_hash
+    from utils.train import fused
 
     fused._require_triton()
     interpreted = fused.INTERPRETED
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out.parent.is_dir():
         print(f"{PROG}: error: the folder of --out ({args.out.parent}) does not exist; create it first", file=sys.stderr)
         return 2
-    from utils.fused import TritonUnavailable
+    from utils.train.fused import TritonUnavailable
 
     try:
         res = run(args.out)

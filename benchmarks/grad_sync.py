@@ -1,9 +1,9 @@
 """Lab 02's gradient synchronization written by hand, three ways, against PyTorch DDP.
 
 Launch one process per GPU (or two CPU processes with --smoke); every rank imports the learner's
-module (written from the notebook by ``utils.grad_sync.write_answer_module``), trains the same
+module (written from the notebook by ``utils.parallel.grad_sync.write_answer_module``), trains the same
 model with no synchronization, with DDP and with the learner's three versions, compares their
-gradients with DDP's and times each (``utils/grad_sync_harness.py``). Rank 0 writes the JSON:
+gradients with DDP's and times each (``utils/parallel/grad_sync_harness.py``). Rank 0 writes the JSON:
 
     torchrun --standalone --nproc_per_node 2 benchmarks/grad_sync.py --answer answer.py --out s.json
     torchrun --standalone --nproc_per_node 2 benchmarks/grad_sync.py --smoke --answer answer.py --out s.json
@@ -24,8 +24,8 @@ import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from utils.distributed import exit_without_teardown  # noqa: E402
-from utils.grad_sync import LEARNER_VERSIONS, exposed_share, sizes, vs_ddp  # noqa: E402
+from utils.parallel.distributed import exit_without_teardown  # noqa: E402
+from utils.parallel.grad_sync import LEARNER_VERSIONS, exposed_share, sizes, vs_ddp  # noqa: E402
 
 ENV_VARS = ("NCCL_NVLS_ENABLE", "NCCL_P2P_DISABLE", "NCCL_ALGO", "NCCL_PROTO", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 TIMEOUT_S = {"gloo": 60, "nccl": 300}  # a collective one rank never joins fails after this, not at the launch's limit
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--answer", type=Path, required=True, help="the learner's module (sync_each, sync_bucketed, OverlappedSync)")
     ap.add_argument("--out", type=Path, required=True, help="JSON file rank 0 writes")
-    ap.add_argument("--tier", default=None, help="sizes of utils.grad_sync.SIZES (default: cpu with --smoke, else h100)")
+    ap.add_argument("--tier", default=None, help="sizes of utils.parallel.grad_sync.SIZES (default: cpu with --smoke, else h100)")
     ap.add_argument("--smoke", action="store_true", help="gloo on CPU processes at the cpu tier's sizes")
     ap.add_argument("--seed", type=int, default=0, help="weights and batches")
     ap.add_argument("--bucket-mb", type=float, default=None, help="bucket of sync_bucketed and DDP (default: the tier's)")
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timeout)
 
-    from utils.grad_sync_harness import LearnerError, run_rank
+    from utils.parallel.grad_sync_harness import LearnerError, run_rank
 
     try:
         res = run_rank(a.answer, cfg, device)
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if res is None:
         return 0
 
-    from utils.hardware import fingerprint
-    from utils.record import utils_hash
+    from utils.device.hardware import fingerprint
+    from utils.measure.record import utils_hash
 
     res.update({"benchmark": "grad_sync", "backend": "nccl" if use_nccl else "gloo", "smoke": not use_nccl,
                 "device": torch.cuda.get_device_name(local_rank) if use_nccl else "cpu", "config": cfg,

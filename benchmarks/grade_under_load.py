@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from utils.hardware import _cpu_name
+from utils.device.hardware import _cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 

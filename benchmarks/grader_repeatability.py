@@ -7,7 +7,7 @@ for every check that names ``measures`` (``grader/labs/<lab>/judges.py``), in th
 as a grading's first try does (``grader/judging.py``). What a reference takes lazily (lab 02's
 launches, lab 03's groups, lab 04's load runs) is asked for the way its judge asks. Lab 04's
 workload is the notebook's (``SIZES`` lengths, Poisson arrivals) with every SLO at 4x the engine's
-own E2E latency p50 one request at a time, at ``utils.operating_point.HEADROOM`` times that
+own E2E latency p50 one request at a time, at ``utils.capacity.operating_point.HEADROOM`` times that
 synchronous rate: the capacity a sweep falls back to when no step qualifies.
 
 For each quantity of each need: the median, min and max of the R values, the relative spread
@@ -45,9 +45,9 @@ from typing import Any, NamedTuple
 
 from grader import expect, labs
 from grader.measuring import Measured
-from utils.env import device_tier, smoke_mode
-from utils.hardware import fingerprint
-from utils.record import utils_hash
+from utils.course.env import device_tier, smoke_mode
+from utils.device.hardware import fingerprint
+from utils.measure.record import utils_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def probe_single_gpu(need: str, ref, ctx, state: dict) -> dict[str, Q]:
 def probe_multi_gpu(need: str, ref, ctx, state: dict) -> dict[str, Q]:
     from grader.labs.multi_gpu import judges as J
     from grader.labs.multi_gpu import reference as R
-    from utils.scaling_breaks import SCENARIOS
+    from utils.parallel.scaling_breaks import SCENARIOS
 
     plan, gloo = ref.plan, ref.plan.backend == "gloo"
 
@@ -140,7 +140,7 @@ def probe_multi_gpu(need: str, ref, ctx, state: dict) -> dict[str, Q]:
 
 
 def probe_inference_serving(need: str, ref, ctx, state: dict) -> dict[str, Q]:
-    from utils import quantize
+    from utils.model import quantize
 
     first = {"decode": "copy", "growth": "growth", "gain": "gain",
              "quant": f"quant:weights:{quantize.reference_mode(ctx.device)}"}[need]
@@ -154,7 +154,8 @@ def probe_inference_serving(need: str, ref, ctx, state: dict) -> dict[str, Q]:
 
 
 def probe_benchmarking_production(need: str, ref, ctx, state: dict) -> dict[str, Q]:
-    from utils import loadgen, operating_point
+    from utils.capacity import operating_point
+    from utils.serving import loadgen
 
     if ref.server is None:
         raise Skip("no engine")

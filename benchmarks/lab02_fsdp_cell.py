@@ -1,4 +1,4 @@
-"""Lab 02's FSDP cell, outside the notebook: the same ``utils.launch.run_training`` calls.
+"""Lab 02's FSDP cell, outside the notebook: the same ``utils.parallel.launch.run_training`` calls.
 
     python benchmarks/lab02_fsdp_cell.py --out OUT
 
@@ -23,11 +23,11 @@ KEEP = ("world_size", "distributed_type", "fsdp_version", "sharding_strategy", "
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--tier", default="h100", help="the size tier of the runs (utils.env), default h100")
+    ap.add_argument("--tier", default="h100", help="the size tier of the runs (utils.course.env), default h100")
     a = ap.parse_args(argv)
     import torch
 
-    from utils import launch
+    from utils.parallel import launch
 
     if not torch.cuda.is_available():
         print("lab02_fsdp_cell.py: error: FSDP needs CUDA GPUs (NCCL); run it on a GPU machine", file=sys.stderr)

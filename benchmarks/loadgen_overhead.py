@@ -1,4 +1,4 @@
-"""How much load utils.loadgen can hold, and its client CPU per request.
+"""How much load utils.serving.loadgen can hold, and its client CPU per request.
 
 Issue 7's setting: a local server with known timing (tests/timed_server.py, its own
 process), TTFT 20 ms, ITL 5 ms, 32 output tokens, concurrency 64. A request then lasts
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from utils import loadgen
+from utils.serving import loadgen
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The course's load generator (utils.loadgen) against vLLM's own client (``vllm bench serve``).
+"""The course's load generator (utils.serving.loadgen) against vLLM's own client (``vllm bench serve``).
 
 One vLLM server, one workload (random-token prompts of a fixed length, a fixed output length,
 streaming /v1/completions, request rate inf under a concurrency cap). Each client runs as a
@@ -80,12 +80,12 @@ def run_order(pairs: int) -> list[tuple[int, str]]:
 
 def course_command(python: str, fields: dict, *, num_requests: int, input_len: int, output_len: int,
                    concurrency: int, seed: int, json_out: str) -> list[str]:
-    """``python -m utils.loadgen`` for the workload; ``fields`` is ``Server.workload_fields()``.
+    """``python -m utils.serving.loadgen`` for the workload; ``fields`` is ``Server.workload_fields()``.
     No warm-up probe (``--no-probe``): the server's histograms then count exactly this run's
     requests, as for vllm bench serve, whose ready check is off by default."""
     if not fields.get("fixed_output", True):
         raise BenchError("the server does not take ignore_eos: this comparison needs vLLM")
-    cmd = [python, "-m", "utils.loadgen", "--base-url", fields["base_url"], "--model", fields["model"],
+    cmd = [python, "-m", "utils.serving.loadgen", "--base-url", fields["base_url"], "--model", fields["model"],
            "--endpoint", "completions", "--num-requests", str(num_requests), "--input-len", str(input_len),
            "--output-len", str(output_len), "--concurrency", str(concurrency), "--seed", str(seed),
            "--no-probe", "--no-progress", "--json-out", json_out]
@@ -117,7 +117,7 @@ def vllm_bench_command(python: str, fields: dict, *, num_requests: int, input_le
 # -- reading each client's result ---------------------------------------------------------------
 
 def parse_course_result(d: dict) -> dict:
-    """The common shape from a ``utils.loadgen`` JSON result: medians and means (ms), counts,
+    """The common shape from a ``utils.serving.loadgen`` JSON result: medians and means (ms), counts,
     tokens, and the CPU of its timed run (``client.cpu_s``)."""
     out = {"completed": d["completed"], "failed": d["failed"] + d.get("cancelled", 0) + d.get("not_sent", 0),
            "duration_s": d["duration_s"], "request_throughput": d["request_throughput"],
@@ -363,23 +363,23 @@ def default_out(device: str, preset: str, a) -> Path:
 
 def benchmark(a, argv: list[str]) -> dict:
     """Start the server, run the warm-up and the interleaved pairs, stop it; the whole result."""
-    from utils import loadgen, serve
+    from utils.serving import loadgen, serve
 
     check_options(a.num_requests, a.input_len, a.output_len, a.concurrency, a.pairs)
     if a.engine_python:
         if not Path(a.engine_python).exists():
             raise BenchError(f"--engine-python {a.engine_python}: no such file")
         os.environ["GPULAB_VLLM_PYTHON"] = a.engine_python
-        from utils import engines
+        from utils.serving import engines
 
         try:
             found = engines.find("vllm")
         except engines.EngineError as e:
             raise BenchError(str(e)) from None
         if found.python != a.engine_python:
-            raise BenchError(f"--engine-python {a.engine_python} has no vLLM (utils.engines found one in "
+            raise BenchError(f"--engine-python {a.engine_python} has no vLLM (utils.serving.engines found one in "
                              f"{found.python}: pass that, or leave --engine-python out)")
-    from utils import inference
+    from utils.serving import inference
 
     t0 = time.perf_counter()
     model_dir = serve.build_model_dir(a.preset, a.dtype or serve.default_dtype(None, "vllm"))
@@ -414,7 +414,7 @@ def benchmark(a, argv: list[str]) -> dict:
                   "ready_s": server.ready_s, "command": server.command, "facts": facts, "label": server.label,
                   "held_memory_gib": held_gib, "held_memory_how": held_how,
                   "weight_bytes": serve.read_marker(model_dir).get("weight_bytes")}
-    from utils import hardware
+    from utils.device import hardware
 
     summary = summarize_runs(runs)
     failed = [r["error"] for r in runs if not r.get("ok")]
@@ -442,7 +442,7 @@ def benchmark(a, argv: list[str]) -> dict:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="llama-tiny", help="utils.models preset served with random weights")
+    p.add_argument("--preset", default="llama-tiny", help="utils.model.models preset served with random weights")
     p.add_argument("--num-requests", type=int, default=48)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
@@ -450,18 +450,18 @@ def main(argv=None) -> int:
     p.add_argument("--pairs", type=int, default=3, help="AB/BA pairs of runs")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
-                   help="the 16-bit weights' dtype (default: utils.serve.default_dtype for vLLM here)")
+                   help="the 16-bit weights' dtype (default: utils.serving.serve.default_dtype for vLLM here)")
     p.add_argument("--weights", choices=("16bit", "w8a8", "w4a16"), default="16bit",
-                   help="serve a checkpoint quantized ahead of time (utils.int8_checkpoint)")
+                   help="serve a checkpoint quantized ahead of time (utils.model.int8_checkpoint)")
     p.add_argument("--quantization", choices=("fp8",), default=None, help="vLLM --quantization (GPU only)")
     p.add_argument("--kv-cache-dtype", choices=("fp8",), default=None, help="vLLM --kv-cache-dtype")
     p.add_argument("--gpu-memory-fraction", type=float, default=0.45, help="vLLM --gpu-memory-utilization (GPU build)")
     p.add_argument("--engine-python", help="interpreter with vLLM installed (default: $GPULAB_VLLM_PYTHON, then "
-                                           "utils.engines' search)")
+                                           "utils.serving.engines' search)")
     p.add_argument("--timeout-s", type=float, default=600.0, help="per client run")
     p.add_argument("--out", help="JSON result (default: benchmarks/results/loadgen-vs-vllm-bench-<device>/...)")
     a = p.parse_args(argv)
-    from utils import loadgen, serve
+    from utils.serving import loadgen, serve
 
     try:
         result = benchmark(a, argv)

@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from utils.monitor import GpuMonitor
-from utils.timing import device_sync
+from utils.device.monitor import GpuMonitor
+from utils.measure.timing import device_sync
 
 GPU_SHAPE = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}  # GPT-2 small
 SMOKE_SHAPE = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512, "n_positions": 64,
@@ -98,8 +98,8 @@ def run(smoke: bool, pairs: int, steps_per_block: int, warmup_steps: int, interv
         batch: int, seq: int) -> dict:
     import torch
 
-    from utils.hardware import fingerprint
-    from utils.record import utils_hash
+    from utils.device.hardware import fingerprint
+    from utils.measure.record import utils_hash
 
     step, device, shape, n_params = build(smoke, batch, seq)
     for _ in range(warmup_steps):

@@ -38,7 +38,7 @@ def check_config(path: Path) -> dict:
 
 def launch_family(env=os.environ) -> str:
     """The wrapper this launch asks for, from what ``accelerate launch`` put in the environment,
-    named as ``utils.scaling.wrapper_family`` names a result's."""
+    named as ``utils.parallel.scaling.wrapper_family`` names a result's."""
     if env.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
         return f"FSDP{env.get('FSDP_VERSION', '1')}"
     if env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -59,7 +59,7 @@ def _world_size() -> int:
 
 def validate(args: argparse.Namespace) -> dict | None:
     """Check every argument before any process group starts; returns the baseline result."""
-    from utils.models import MODEL_PRESETS
+    from utils.model.models import MODEL_PRESETS
 
     if args.out is None:
         raise UsageError("--out FILE.json is required")
@@ -93,7 +93,7 @@ def validate(args: argparse.Namespace) -> dict | None:
 
 def _read_baseline(args: argparse.Namespace) -> dict:
     """The ``--baseline`` result, refused unless it is a 1-process run of the same program: shape,
-    compile mode and scope, wrapper family (``utils.scaling.wrapper_family``), Compiled Autograd."""
+    compile mode and scope, wrapper family (``utils.parallel.scaling.wrapper_family``), Compiled Autograd."""
     try:
         base = json.loads(args.baseline.read_text())
     except (OSError, ValueError) as exc:
@@ -108,7 +108,7 @@ def _read_baseline(args: argparse.Namespace) -> dict:
     if base_scope != args.compile_scope:
         raise UsageError(f"--baseline {args.baseline} has compile_scope={base_scope!r}, this run "
                          f"{args.compile_scope!r}: compare like with like")
-    from utils.scaling import wrapper_family
+    from utils.parallel.scaling import wrapper_family
 
     if wrapper_family(base) != launch_family():  # FSDP and ZeRO hold bf16 weights on one GPU; a plain run does not
         raise UsageError(f"--baseline {args.baseline} ran as {wrapper_family(base)}, this launch is {launch_family()}: "

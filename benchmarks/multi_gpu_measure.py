@@ -1,12 +1,12 @@
 """The measurements of ``benchmarks/train_multi_gpu.py``: each rank's timed steps, its record,
 and rank 0's result over all ranks.
 
-Each rank times its own steps with ``utils.timing.Stopwatch`` (CUDA events on a GPU, so no
+Each rank times its own steps with ``utils.measure.timing.Stopwatch`` (CUDA events on a GPU, so no
 per-step sync) after a barrier, so all ranks start together. The result gives per-rank tokens/s,
 their sum, and the slowest rank with the total it bounds (``W x slowest``): ranks wait for each
 other at every gradient all-reduce, so the slowest sets the pace. MFU is against the datasheet
-peak (``utils.hardware``; bf16 with ``--bf16``, fp32 otherwise), FLOPs per token from
-``utils.flops``, scaling efficiency from ``utils.distributed.scaling_efficiency``.
+peak (``utils.device.hardware``; bf16 with ``--bf16``, fp32 otherwise), FLOPs per token from
+``utils.measure.flops``, scaling efficiency from ``utils.parallel.distributed.scaling_efficiency``.
 
 ``--measure-comm`` gives ``exposed_comm_share = 1 - t_nosync / t_sync`` (median steps, worst
 rank): the part of the all-reduce the backward did not hide, not the total time spent in NCCL,
@@ -29,7 +29,7 @@ def timed_steps(step, sync: bool, *, warmup: int, steps: int, tokens_per_step: i
     """``warmup + steps`` calls of ``step(i, sync)`` under a ``Stopwatch``, after ``barrier()``;
     returns its summary. Each step's loss tensor is appended to ``losses`` and read only after
     the loop: a ``.item()`` inside it would sync every step."""
-    from utils.timing import Stopwatch
+    from utils.measure.timing import Stopwatch
 
     sw = Stopwatch(warmup_steps=warmup, tokens_per_step=tokens_per_step, device=device)
     barrier()
@@ -73,12 +73,12 @@ def replicas_identical(checksums: list[float], rel_tol: float = 1e-9) -> bool:
 
 
 def profile_record(trace: Path, step_fn) -> dict:
-    """Five synchronised steps under ``utils.profiling.profile_steps`` (after 1 skipped and 2
+    """Five synchronised steps under ``utils.diagnosis.profiling.profile_steps`` (after 1 skipped and 2
     discarded); the Chrome trace stays at ``trace``. Returns the GPU-idle numbers and
-    ``utils.trace_metrics.comm_overlap``: how much of the all-reduce ran next to compute."""
-    from utils.profiling import profile_steps
-    from utils.trace_events import load_events
-    from utils.trace_metrics import comm_overlap
+    ``utils.diagnosis.trace_metrics.comm_overlap``: how much of the all-reduce ran next to compute."""
+    from utils.diagnosis.profiling import profile_steps
+    from utils.diagnosis.trace_events import load_events
+    from utils.diagnosis.trace_metrics import comm_overlap
 
     counter = iter(range(10**9))
     s = profile_steps(lambda: step_fn(next(counter)), steps=PROFILED_STEPS, trace_path=trace)
@@ -104,9 +104,9 @@ def result(args: argparse.Namespace, ranks: list[dict], *, dist: dict, mixed_pre
     import torch
 
     from benchmarks.multi_gpu_compile import dynamo_counters
-    from utils.flops import flops_per_token_from_config, mfu_from_throughput
-    from utils.hardware import current_spec, fingerprint
-    from utils.record import utils_hash
+    from utils.device.hardware import current_spec, fingerprint
+    from utils.measure.flops import flops_per_token_from_config, mfu_from_throughput
+    from utils.measure.record import utils_hash
 
     world = len(ranks)
     ranks = sorted(ranks, key=lambda r: r["rank"])
@@ -151,7 +151,7 @@ def result(args: argparse.Namespace, ranks: list[dict], *, dist: dict, mixed_pre
                                     "1 - t_nosync/t_noop_hook: DDP's reducer (bucket copies, hooks, graph splits) "
                                     "without any communication")
     if baseline is not None:
-        from utils.distributed import scaling_efficiency
+        from utils.parallel.distributed import scaling_efficiency
 
         base_tps = baseline["total_tokens_per_s"]
         res["baseline"] = {"file": str(args.baseline), "tokens_per_s": base_tps}

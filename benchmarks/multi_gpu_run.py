@@ -1,8 +1,8 @@
 """The training loop of ``benchmarks/train_multi_gpu.py`` on one rank: model, data, wrapper,
 compiled step, timed steps; rank 0 gathers every rank's record into the result.
 
-The model is ``utils.models.build_model(preset)`` (random weights, no network) with AdamW; the
-data the shipped text cut into ``utils.models.TokenBlocks``, rank ``r`` of ``W`` taking blocks
+The model is ``utils.model.models.build_model(preset)`` (random weights, no network) with AdamW; the
+data the shipped text cut into ``utils.model.models.TokenBlocks``, rank ``r`` of ``W`` taking blocks
 ``r, r+W, r+2W, ...`` (a disjoint shard each, as a ``DistributedSampler`` would give). An
 optimizer step runs ``--grad-accum`` micro-batches with ``no_sync`` on all but the last, so the
 gradients are all-reduced once per step; ``--no-sync-accum`` drops the ``no_sync``, so every
@@ -25,7 +25,7 @@ def batches(args: argparse.Namespace, rank: int, world: int, vocab_size: int, de
     """``N_BATCHES`` distinct (input_ids, labels) micro-batches of this rank's shard, already on the device."""
     import torch
 
-    from utils.models import TokenBlocks, get_tokenizer
+    from utils.model.models import TokenBlocks, get_tokenizer
 
     ds = TokenBlocks(get_tokenizer(None, offline=True), None, args.seq, vocab_size=vocab_size)
     out = []
@@ -42,7 +42,7 @@ def _build(args: argparse.Namespace, accelerator, ddp_kwargs):
     prepared and wrapped (``benchmarks/multi_gpu_wrap.py``)."""
     import torch
 
-    from utils.models import build_model
+    from utils.model.models import build_model
 
     torch.manual_seed(0)
     model = build_model(args.preset, device=accelerator.device)

@@ -3,7 +3,7 @@
     python benchmarks/phase1_single_gpu.py --out DIR            # on a GPU: GPT-2-small + Llama-1.1B
     python benchmarks/phase1_single_gpu.py --out DIR --smoke    # on a CPU: tiny presets, plumbing only
 
-Writes ``DIR/phase1_loops.json`` (the matmul ceiling measured first, ``utils.matmul_ceiling``; each
+Writes ``DIR/phase1_loops.json`` (the matmul ceiling measured first, ``utils.measure.matmul_ceiling``; each
 loop variant: tokens/s, step times, MFU against the datasheet peak and against that ceiling, GPU
 utilization, peak memory; the profiler's summary of the naive and optimized loops) and
 ``DIR/phase1_finetune.json`` (each LoRA/QLoRA recipe: peak memory split into weights,
@@ -31,7 +31,7 @@ def _save(path: Path, data: dict) -> None:
 
 def ladder(smoke: bool):
     """(name, LoopConfig) pairs: each adds one fix to the one before, then side variants."""
-    from utils.training import best_precision, naive_config, with_changes
+    from utils.train.training import best_precision, naive_config, with_changes
 
     b0, b1, seq = (2, 8, 64) if smoke else (4, 32, 1024)
     prec = best_precision()
@@ -60,9 +60,9 @@ def ladder(smoke: bool):
 def run_loops(out: Path, smoke: bool, steps: int, only: tuple = ()) -> dict:
     import torch
 
-    from utils import matmul_ceiling
-    from utils.profiling import profile_steps
-    from utils.training import best_precision, build_loop, measure_loop
+    from utils.diagnosis.profiling import profile_steps
+    from utils.measure import matmul_ceiling
+    from utils.train.training import best_precision, build_loop, measure_loop
 
     preset = "gpt2-tiny" if smoke else "gpt2-small"
     ceiling = matmul_ceiling.measure(best_precision())  # MFU is also read against what the card's matmuls reach
@@ -107,7 +107,7 @@ def run_loops(out: Path, smoke: bool, steps: int, only: tuple = ()) -> dict:
 def run_finetune(out: Path, smoke: bool, only: tuple = ()) -> dict:
     import torch
 
-    from utils.training import RECIPES, bitsandbytes_usable, measure_finetune
+    from utils.train.training import RECIPES, bitsandbytes_usable, measure_finetune
 
     preset = "llama-tiny" if smoke else "llama-1.1b"
     batch, seq = (2, 64) if smoke else (8, 512)

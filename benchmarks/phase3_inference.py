@@ -17,7 +17,7 @@ it measured; a section that fails is recorded with its error and the run goes on
    warm-up (compile) time, and where its greedy tokens part from eager ``generate``'s.
    Goal: the fast path at >= 40% of the copy bandwidth on one H200.
 3. ``kv_growth``: ``torch.cuda.memory_allocated`` as decoding grows a ``DynamicCache``, against
-   ``utils.kvcache`` (goal: within 2%).
+   ``utils.kv.kvcache`` (goal: within 2%).
 4. ``ttft``: time to first token against prompt length.
 5. ``quantization``: bitsandbytes int8 and NF4 against bf16: weight memory, decode tokens/s
    (eager ``generate``), held-out perplexity (random weights: only the change means anything).
@@ -106,9 +106,11 @@ def main(argv=None) -> int:
     import torch
 
     from grader import labs
-    from utils import decode, inference, kvcache, quantize
-    from utils.hardware import current_spec, fingerprint
-    from utils.models import build_model, get_tokenizer, token_batches
+    from utils.device.hardware import current_spec, fingerprint
+    from utils.kv import kvcache
+    from utils.model import quantize
+    from utils.model.models import build_model, get_tokenizer, token_batches
+    from utils.serving import decode, inference
     from utils.units import GB
 
     if a.smoke:

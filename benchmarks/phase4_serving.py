@@ -3,7 +3,7 @@
     python benchmarks/phase4_serving.py --out FILE.json             # on a GPU (250 s on an H200 with --budget-s 400)
     python benchmarks/phase4_serving.py --out FILE.json --smoke     # on a CPU: llama-tiny, plumbing only
 
-The engine is ``transformers serve`` (``utils.serve``): the lab's sizes for this device
+The engine is ``transformers serve`` (``utils.serving.serve``): the lab's sizes for this device
 (``grader.labs.sizes("04_benchmarking_production")``), random weights, exact output
 lengths. The baseline configuration (continuous batching, bf16) gets what the notebook does:
 a synchronous calibration run, SLOs from it (TTFT 5x, TPOT 3x, E2E latency 4x the unloaded
@@ -28,7 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
-CONFIGS = {  # name -> utils.serve.start options
+CONFIGS = {  # name -> utils.serving.serve.start options
     "cb-bf16": {},
     "sequential-bf16": {"continuous_batching": False},
     "cb-bnb-4bit": {"quantization": "bnb-4bit"},
@@ -69,7 +69,8 @@ def main(argv=None) -> int:
 
     from grader.labs import sizes as lab_sizes
     from grader.labs.benchmarking_production import judges as R
-    from utils import hardware, loadgen, nvml, serve
+    from utils.device import hardware, nvml
+    from utils.serving import loadgen, serve
     from utils.units import gb_per_s
 
     configs = [c.strip() for c in a.configs.split(",") if c.strip()]

@@ -14,8 +14,8 @@ with ``--no-grpo``). The trainers run their own loops; the distributed engine is
 ``accelerate launch`` set up (DDP with ``benchmarks/accelerate/ddp.yaml``), so the same script
 runs on 1..N GPUs.
 
-Model and data, offline: ``utils.models.build_model(preset)`` (random weights) and the shipped
-tokenizer; the examples are cut from the shipped book (``utils.models.load_text``). A pair is
+Model and data, offline: ``utils.model.models.build_model(preset)`` (random weights) and the shipped
+tokenizer; the examples are cut from the shipped book (``utils.model.models.load_text``). A pair is
 ``prompt`` = a passage, ``completion`` = the passage that follows it; a triple keeps that
 continuation as ``chosen`` and takes a passage from elsewhere in the book as ``rejected``.
 GRPO gets the same prompts and nothing to imitate: every step it samples ``--num-generations``
@@ -88,8 +88,8 @@ import tempfile  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from utils.distributed import exit_without_teardown  # noqa: E402
-from utils.post_training import GenerationTimer, overlap_reward, window_clock  # noqa: E402
+from utils.parallel.distributed import exit_without_teardown  # noqa: E402
+from utils.train.post_training import GenerationTimer, overlap_reward, window_clock  # noqa: E402
 
 PROG = "post_train_trl.py"
 # (preset, batch per device, max length, measured steps, warm-up steps, GRPO completions per prompt)
@@ -124,8 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the defaults (full or smoke sizes) and check every argument before any process group starts."""
-    from utils.env import smoke_mode
-    from utils.models import MODEL_PRESETS, preset_config_dict
+    from utils.course.env import smoke_mode
+    from utils.model.models import MODEL_PRESETS, preset_config_dict
 
     if args.out is None:
         raise UsageError("--out FILE.json is required")
@@ -203,7 +203,7 @@ def _passages(tokenizer, n_tokens: int) -> list[str]:
     prompt's tokens are a prefix of prompt+completion's, as TRL expects (it warns on every
     example otherwise: a completion starting mid-word trains on a context the model never sees).
     """
-    from utils.models import encode, load_text
+    from utils.model.models import encode, load_text
 
     ids = encode(tokenizer, load_text())
     toks = tokenizer.convert_ids_to_tokens(ids)
@@ -384,9 +384,9 @@ def run(args: argparse.Namespace) -> dict | None:
     import torch
     from accelerate import PartialState
 
-    from utils.hardware import fingerprint
-    from utils.models import build_model, shipped_tokenizer
-    from utils.record import utils_hash
+    from utils.device.hardware import fingerprint
+    from utils.measure.record import utils_hash
+    from utils.model.models import build_model, shipped_tokenizer
 
     on_cuda = torch.cuda.is_available()
     tok = shipped_tokenizer()

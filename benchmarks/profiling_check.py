@@ -1,4 +1,4 @@
-"""Profile a naive and a fixed training loop with ``utils.profiling`` and compare them.
+"""Profile a naive and a fixed training loop with ``utils.diagnosis.profiling`` and compare them.
 
 (a) naive: batch 8, a ``.item()`` every step, ``num_workers=0``, pageable host memory,
     a Dataset that spends ``per_sample_us`` of CPU per sample (a stand-in for decoding and
@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from utils import hardware, profiling
+from utils.device import hardware
+from utils.diagnosis import profiling
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ for step in $steps; do
 a=torch.randn(8192,8192,device='cuda',dtype=torch.bfloat16); t=time.time()
 while time.time()-t<15: a@a
 torch.cuda.synchronize()" & load=$!
-      sleep 5; run python -m utils.exporter --dump-json "$out/exporter.json" --interval-s 2; wait $load ;;
+      sleep 5; run python -m utils.production.exporter --dump-json "$out/exporter.json" --interval-s 2; wait $load ;;
     models) run python -m pytest -m gpu -q -rs -p no:cacheprovider tests/ ;;
     grader) run python -m grader check notebooks/00_foundations.ipynb --json-out "$out/grader_check.json" ;;
     allreduce) n=$(python -c "import torch; print(torch.cuda.device_count())")
@@ -138,7 +138,7 @@ torch.cuda.synchronize()" & load=$!
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --out "$out/lvb_bf16.json"
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype fp16 --out "$out/lvb_fp16.json"
       run python benchmarks/loadgen_vs_vllm_bench.py $a --dtype bf16 --quantization fp8 --out "$out/lvb_fp8.json" ;;
-    t4|t4:*) # every lab (t4) or one (t4:ASSIGNMENT) graded live as a T4 learner runs it (utils/rehearsal.py:
+    t4|t4:*) # every lab (t4) or one (t4:ASSIGNMENT) graded live as a T4 learner runs it (utils/device/rehearsal.py:
       # T4 memory cap, fp16, T4 sizes); peak device memory from nvidia-smi every 0.5 s, engines in their own processes
       # included, then by notebook cell (benchmarks/memory_by_cell.py)
       labs="00_foundations 01_single_gpu 02_multi_gpu 03_inference_serving 04_benchmarking_production 05_hardware_and_cost"

@@ -5,7 +5,7 @@
 Reads every ``benchmarks/train_multi_gpu.py`` and ``benchmarks/allreduce.py`` result among the
 arguments (other JSON files are skipped), prints one markdown row per curve and GPU count
 (tokens/s per GPU, scaling efficiency against the curve's 1-GPU point, exposed communication;
-``utils.scaling``), and with ``--png`` draws per-GPU throughput by GPU count beside the
+``utils.parallel.scaling``), and with ``--png`` draws per-GPU throughput by GPU count beside the
 all-reduce bus bandwidth by message size (``utils.plots.per_device_scaling``). Each folder is one
 study; ``bash benchmarks/run_gpu.sh OUT scaling`` makes one at 1, 2, 4 and 8 GPUs, as many as
 the machine has.
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", type=Path, help="write the chart here")
     ap.add_argument("--title", help="title of the throughput panel")
     a = ap.parse_args(argv)
-    from utils import scaling
+    from utils.parallel import scaling
 
     try:
         curves = scaling.training_curves(a.paths)

@@ -1,17 +1,17 @@
-"""Does ``utils.timing.benchmark`` agree with ``triton.testing.do_bench``?
+"""Does ``utils.measure.timing.benchmark`` agree with ``triton.testing.do_bench``?
 
 Both time the same functions: a bf16 matmul (n x n x n, three sizes) and a
 device-to-device copy (``dst.copy_(src)``, three sizes), both flushing L2 between runs.
 For each case the script reports both medians and their difference in % (the goal is
 within 3%), the matmul's TFLOP/s (2 n^3 per run) and the copy's bandwidth (bytes read
-plus written), each as a fraction of the datasheet peak in ``utils.hardware`` (bf16 dense
+plus written), each as a fraction of the datasheet peak in ``utils.device.hardware`` (bf16 dense
 TFLOP/s; memory bandwidth). Which of the two tools runs first alternates between cases.
 
     python benchmarks/timing_agreement.py --out results/timing_agreement.json   # GPU, under a minute
     python benchmarks/timing_agreement.py --smoke                               # CPU, small sizes
 
 Without CUDA or without triton, do_bench is skipped and the output says so; the
-utils.timing numbers are still reported.
+utils.measure.timing numbers are still reported.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from utils.hardware import CPU_SPEC, current_spec, fingerprint, spec_dict
-from utils.record import utils_hash
-from utils.timing import benchmark
+from utils.device.hardware import CPU_SPEC, current_spec, fingerprint, spec_dict
+from utils.measure.record import utils_hash
+from utils.measure.timing import benchmark
 from utils.units import gb_per_s, tflop_per_s
 
 MIB = 2**20
@@ -103,7 +103,7 @@ def run(smoke: bool, budget_s: float) -> dict:
         theirs_ms = "skipped" if theirs is None else f"{theirs[0]:.4f} ms"
         rate = f"{row['tflops']:.1f} TFLOP/s" if kind == "matmul" else f"{row['bandwidth_gbs']:.0f} GB/s"
         frac = "" if row["fraction_of_peak"] is None else f" ({100 * row['fraction_of_peak']:.0f}% of datasheet)"
-        print(f"{name:>18}: utils.timing {ours.median_ms:.4f} ms ({ours.runs} runs), do_bench {theirs_ms}, "
+        print(f"{name:>18}: utils.measure.timing {ours.median_ms:.4f} ms ({ours.runs} runs), do_bench {theirs_ms}, "
               f"diff {diff}; {rate}{frac}", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="small sizes on the CPU, without do_bench")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
-    ap.add_argument("--budget-s", type=float, default=2.0, help="utils.timing budget per case (default 2 s)")
+    ap.add_argument("--budget-s", type=float, default=2.0, help="utils.measure.timing budget per case (default 2 s)")
     a = ap.parse_args(argv)
     import torch
 

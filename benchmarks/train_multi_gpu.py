@@ -27,7 +27,7 @@ from pathlib import Path  # noqa: E402
 from benchmarks.multi_gpu_checks import UsageError, check_config, check_launch, validate  # noqa: E402
 from benchmarks.multi_gpu_compile import COMM_REORDERS, DDP_OPTIMIZERS  # noqa: E402
 from benchmarks.multi_gpu_run import run  # noqa: E402
-from utils.distributed import exit_without_teardown  # noqa: E402
+from utils.parallel.distributed import exit_without_teardown  # noqa: E402
 
 PROG = "train_multi_gpu.py"
 HEADLINE = ("world_size", "distributed_type", "sharding_strategy", "tokens_per_s_per_device", "total_tokens_per_s",
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0], epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="JSON file rank 0 writes")
-    p.add_argument("--preset", default="gpt2-small", help="utils.models preset, random weights (default gpt2-small)")
+    p.add_argument("--preset", default="gpt2-small", help="utils.model.models preset, random weights (default gpt2-small)")
     p.add_argument("--batch-per-device", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
     p.add_argument("--steps", type=int, default=30, help="measured optimizer steps")

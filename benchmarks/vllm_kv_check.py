@@ -32,7 +32,7 @@ def reference_calculator():
 
 def check(preset: str, max_model_len: int, out_dir: Path, *, kv_cache_dtype: str | None = None,
           gpu_memory_fraction: float = 0.5) -> dict:
-    from utils import inference, serve
+    from utils.serving import inference, serve
 
     model_dir = serve.build_model_dir(preset, serve.default_dtype(None, "vllm"))
     used_before = inference.nvml_used_gib()
@@ -57,7 +57,8 @@ def main(argv=None) -> int:
                    help="also check this KV-cache dtype (repeatable)")
     p.add_argument("--out", default="vllm_kv_check.json")
     a = p.parse_args(argv)
-    from utils import hardware, serve
+    from utils.device import hardware
+    from utils.serving import serve
 
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from grader.schema import MAX_DEPTH, NONFINITE, UNENCODABLE
 def encode(value: Any, depth: int = 0) -> Any:
     """``value`` as JSON-able plain data: numbers (numpy and one-element tensors included), strings,
     bools, None, lists (from lists, tuples and sets), dicts (keys as strings) and the fields of a
-    dataclass (a ``utils.timing`` result). A torch dtype or device becomes its name. Anything else
+    dataclass (a ``utils.measure.timing`` result). A torch dtype or device becomes its name. Anything else
     becomes a marker naming its type, so the judge can say what it got."""
     if depth > MAX_DEPTH:
         return {UNENCODABLE: "too deeply nested"}
@@ -130,9 +130,9 @@ class Saved:
 
 
 def _open_exercises(assignment: str, cells: dict, ns: dict) -> tuple[tuple[str, ...], dict | None]:
-    """The exercises not done yet (by the released notebook: ``utils/exercise_hints.py``), and each
+    """The exercises not done yet (by the released notebook: ``utils/course/exercise_hints.py``), and each
     cell's missing names that none of them accounts for. ``((), None)`` when the notebook cannot be read."""
-    from utils import exercise_hints
+    from utils.course import exercise_hints
 
     try:
         m = exercise_hints.load(assignment, NOTEBOOKS_DIR.parent)
@@ -153,9 +153,9 @@ def save_record(assignment: str, ns: dict, path: str | Path | None = None) -> Sa
     """Write every graded cell's answers with the machine's fingerprint, the size tier and a hash of
     the ``utils`` that measured them, beside the notebook (:func:`record_path`). Cells whose names
     are not all defined are recorded as far as they are, and listed."""
-    from utils.env import device_tier, matmul_dtype, smoke_mode
-    from utils.hardware import fingerprint
-    from utils.record import utils_hash
+    from utils.course.env import device_tier, matmul_dtype, smoke_mode
+    from utils.device.hardware import fingerprint
+    from utils.measure.record import utils_hash
 
     smoke = smoke_mode()
     cells = {cell: collect(assignment, cell, ns) for cell in labs.load(assignment).answers}

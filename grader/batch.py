@@ -10,7 +10,7 @@ Each worker, and the kernel it starts, runs on a private copy of the course code
 ``grader/``, ``benchmarks/``, ``deploy/``: what the notebooks read from the repository), written
 from the bytes read once when the batch starts, just before the worker and deleted after it. A
 notebook that rewrites a file there (``grader/answers.py`` so that its export cells print what it
-likes, ``utils/timing.py`` so that timings shrink) changes nothing for the other students, and is
+likes, ``utils/measure/timing.py`` so that timings shrink) changes nothing for the other students, and is
 caught: every file and folder's inode, size, mtime and ctime are compared before and after
 (ctime cannot be set back, so putting the original back does not hide the edit; bytecode
 caches are off, so nothing there changes legitimately). Such a submission scores 0 with a
@@ -75,7 +75,7 @@ def _kernel_env(smoke: bool, utils_sha256: str) -> dict:
     env = dict(os.environ)
     env["GPULAB_UTILS_SHA256"] = utils_sha256
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the code copy: any file appearing there is the notebook's
-    from utils import engines
+    from utils.serving import engines
 
     ok, _ = engines.available("vllm")  # the kernel runs in a copy of the course: point it at the engine found here
     if ok:
@@ -245,8 +245,8 @@ def grade_batch(
     ``gpu_plan`` (:func:`grader.gpus.plan`) pins each worker to a GPU of its own; default: one
     job per visible GPU, or ``jobs`` on a machine without one."""
     from grader import gpus
-    from utils.env import smoke_mode
-    from utils.record import utils_hash
+    from utils.course.env import smoke_mode
+    from utils.measure.record import utils_hash
 
     if gpu_plan is None:
         devices = gpus.visible_devices()

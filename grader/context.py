@@ -1,6 +1,6 @@
 """Where a lab's measured cells are judged: this machine, or a learner's measurement record.
 
-:func:`live` reads this machine the way the notebook's setup cells read it (``utils.env``: smoke mode,
+:func:`live` reads this machine the way the notebook's setup cells read it (``utils.course.env``: smoke mode,
 the size tier, rehearsing a smaller card with ``GPULAB_TIER``), in the grader's own process: a
 notebook cannot change what the grader sees. :func:`read_record` takes a submitted record and says in
 one line why it cannot be used when it cannot: a record is only judged where this machine has no
@@ -16,9 +16,9 @@ from grader import labs
 from grader.judging import Context
 from grader.names import RECORD_SCHEMA
 from grader.schema import loads
-from utils import hardware
-from utils.env import TIERS, device_tier, matmul_dtype, smoke_mode
-from utils.record import utils_hash
+from utils.course.env import TIERS, device_tier, matmul_dtype, smoke_mode
+from utils.device import hardware
+from utils.measure.record import utils_hash
 
 
 def live(assignment: str) -> Context:
@@ -53,7 +53,7 @@ def read_record(path: Path | None, assignment: str) -> tuple[dict | None, Contex
                             "on a GPU with this version of the course, unmodified")
     spec = hardware.spec_for_name(str(fp.get("name", "")))
     if spec is None:
-        return None, None, f"{pre}: its GPU {fp.get('name')!r} has no datasheet row in utils/hardware.py to check it against"
+        return None, None, f"{pre}: its GPU {fp.get('name')!r} has no datasheet row in utils/device/hardware.py to check it against"
     tier, dtype = data.get("tier"), data.get("dtype")
     if tier not in TIERS or tier == "cpu" or dtype not in ("bfloat16", "float16", "float32"):
         return None, None, f"{pre}: its size tier {tier!r} or matmul dtype {dtype!r} is not one the course uses"

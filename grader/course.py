@@ -83,7 +83,7 @@ def cell_timeout(assignment: str | None = None, jobs: int = 1, override: int | N
     machine's measured slowness and load (:func:`grader.remeasure.timeout_factor`, measured here,
     once). The kernel start and output waits scale by the same factor in every case."""
     from grader import remeasure
-    from utils.env import smoke_mode
+    from utils.course.env import smoke_mode
 
     override = override or None  # 0 means "not given", as it always did
     factor, why = remeasure.timeout_factor(remeasure.machine_speed(), jobs)
@@ -103,7 +103,7 @@ def cell_timeout(assignment: str | None = None, jobs: int = 1, override: int | N
         return CellTimeout(GPU_TIMEOUT_S, f"{GPU_TIMEOUT_S} s, the GPU default (GPU cells are not CPU-bound)", **waits)
     base = SMOKE_TIMEOUT_S
     if assignment in SERVING_LABS:
-        from utils import engines
+        from utils.serving import engines
 
         if engines.available("vllm")[0]:
             base = ENGINE_SMOKE_TIMEOUT_S

@@ -7,7 +7,7 @@ names) decide the grades. The student edition holds what a learner runs and noth
 
 - ``notebooks/`` as released (nbgrader has stripped the solutions);
 - ``utils/`` byte for byte: a measurement record carries a hash of ``utils/`` that the grader
-  compares with its own (``utils/record.py``, ``docs/grading.md``);
+  compares with its own (``utils/measure/record.py``, ``docs/grading.md``);
 - the public half of ``grader/`` (:data:`GRADER_AS_IS`): the notebooks' ``grader.checks``, the
   typed boundary they write their answers and records through (``names.py``, ``schema.py``,
   ``answers.py``), ``grader/labs/__init__.py`` and each lab's public modules (its answers schema,

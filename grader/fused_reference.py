@@ -5,14 +5,14 @@ it lives here, in the instructors' repository, and not in ``utils/``, which the 
 ships (``grader/edition.py``). ``benchmarks/fused_check.py`` times it on a GPU against the
 unfused ops and a copy (the H200 row in ``benchmarks/RESULTS.md``), and ``tests/utils/test_fused.py``
 checks it under Triton's interpreter. The arithmetic and the timing harness are
-``utils.fused``'s (import it first: it chooses Triton's interpreter where Triton cannot compile).
+``utils.train.fused``'s (import it first: it chooses Triton's interpreter where Triton cannot compile).
 """
 from __future__ import annotations
 
 import torch
 
-from utils import fused as F
-from utils.fused import tl, triton
+from utils.train import fused as F
+from utils.train.fused import tl, triton
 
 if triton is None:
     _bias_gelu_kernel = None
@@ -39,7 +39,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor, block_size: int = F.DEFAULT_B
 
     Computes in fp32 and stores in ``x.dtype`` (fp32, fp16 or bf16). A non-contiguous ``x``
     is copied to a contiguous one first. Where Triton cannot compile it runs under Triton's
-    interpreter on CPU tensors (``utils.fused``); compiled, the tensors must be on the GPU.
+    interpreter on CPU tensors (``utils.train.fused``); compiled, the tensors must be on the GPU.
     """
     F._require_triton()
     F._check(x, bias)

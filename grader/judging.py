@@ -44,7 +44,7 @@ class Check:
     ``judge(answers, reference)`` returns feedback lines or raises :class:`grader.expect.Fail`.
     ``calls``: function name -> ``cases(rng, ctx)``, a list of argument lists for the learner's
     function, drawn from the secret seed; their results arrive as ``answers.calls[name]``.
-    ``forbid``: the course's implementations of the rule (``"utils.flops:bound"``), unavailable in
+    ``forbid``: the course's implementations of the rule (``"utils.measure.flops:bound"``), unavailable in
     the sandbox. ``measures``: what the reference must hold (empty: nothing to measure, the cell is
     judged on the rule alone). ``harness``: ``"module:function"`` run in a sandbox of its own, its
     parameters from ``harness_params(ctx, answers)``, its result as ``answers.harness``.
@@ -75,7 +75,7 @@ class Check:
 @dataclasses.dataclass(frozen=True)
 class Context:
     """Where a lab is judged: the size tier and its sizes, smoke mode, the device and its spec row
-    (None on a CPU or a GPU missing from ``utils.hardware``), the matmul dtype's name."""
+    (None on a CPU or a GPU missing from ``utils.device.hardware``), the matmul dtype's name."""
 
     assignment: str
     tier: str

@@ -1,7 +1,7 @@
 """The grader's own measurements: each timed several times, its band from its own spread alone.
 
 A lab's ``reference.py`` measures what its judges compare against with :func:`timed`, which runs
-``utils.timing.benchmark`` :data:`REPEATS` times and returns the median of the medians with the band
+``utils.measure.timing.benchmark`` :data:`REPEATS` times and returns the median of the medians with the band
 :func:`grader.expect.band` draws from the spread of those runs (and the slowdown the judge measured
 on a loaded machine). Nothing the learner reports about their own spread enters a band.
 """
@@ -12,10 +12,10 @@ import statistics
 from collections.abc import Callable
 
 from grader import expect
-from utils.timing import benchmark
+from utils.measure.timing import benchmark
 
 REPEATS = 3  # the grader times each reference this many times: the band is 3x their spread
-BUDGET_S = 1.0  # utils.timing.benchmark's time budget per repeat
+BUDGET_S = 1.0  # utils.measure.timing.benchmark's time budget per repeat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Measured:
 
 def timed(fn: Callable, *args, slowdown: float, smoke: bool, floor: float | None = None, warmup: int = 3,
           max_runs: int = 30, budget_s: float = BUDGET_S, repeats: int = REPEATS) -> tuple[float, float, str]:
-    """``(median ms, band, why)`` of ``fn(*args)`` over ``repeats`` runs of ``utils.timing.benchmark``: the
+    """``(median ms, band, why)`` of ``fn(*args)`` over ``repeats`` runs of ``utils.measure.timing.benchmark``: the
     median of their medians; the band from their spread (across runs, and each run's p20-p80 spread)."""
     runs = [benchmark(fn, *args, warmup=warmup, max_runs=max_runs, budget_s=budget_s) for _ in range(repeats)]
     medians = [r.median_ms for r in runs]

@@ -17,7 +17,7 @@ it before any learner code ran, and ``PYTHONPATH`` on a fresh copy of the course
 those same bytes (``code_dir``): a kernel that rewrote the course on disk changes nothing here.
 
 **Ground truth is not an answer.** A check that asks for a rule names the course's implementation of
-it (``policy["forbid"]``: ``"utils.flops:bound"``). Before any learner code loads, each such
+it (``policy["forbid"]``: ``"utils.measure.flops:bound"``). Before any learner code loads, each such
 function's code is swapped for a tripwire (every reference to it, in any module, container or thread,
 now calls the tripwire), its source files are removed from ``linecache``, and an audit hook (PEP 578;
 a hook cannot be removed once added) refuses to open those files, to start a process, to load ctypes'

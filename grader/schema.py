@@ -256,10 +256,10 @@ class Fields(Spec):
         return {f: (s.decode(value[f], f"{name}[{f!r}]") if f in value else None) for f, s in self.fields.items()}
 
 
-# what utils.timing.benchmark returns (TimingResult), as its fields
+# what utils.measure.timing.benchmark returns (TimingResult), as its fields
 TIMING = Fields({"median_ms": Number("ms", positive=True), "p20_ms": Number("ms", at_least=0.0),
                  "p80_ms": Number("ms", at_least=0.0), "runs": Count(1), "method": Text()},
-                label="a timing from utils.timing.benchmark")
+                label="a timing from utils.measure.timing.benchmark")
 
 
 def loads(text: str) -> Any:

@@ -17,11 +17,11 @@ from grader import SOURCE_DIR
 from grader import course as C
 from grader.batch import grade_batch
 from grader.submissions import Submission, record_name
-from utils.notebook_lab import grade_ids, lab_of
+from utils.course.notebook_lab import grade_ids, lab_of
 
 
 def guess_assignment(notebook: Path, source_dir: Path = SOURCE_DIR) -> str:
-    """The lab whose graded cell ids the notebook shares most (:func:`utils.notebook_lab.lab_of`), else the
+    """The lab whose graded cell ids the notebook shares most (:func:`utils.course.notebook_lab.lab_of`), else the
     lab its file name starts with. A name that says one lab while the cells are another's is refused:
     a learner who saved lab 01 as ``00_foundations.ipynb`` learns it, rather than a grade of the wrong lab."""
     names = C.assignments(source_dir)

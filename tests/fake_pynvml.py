@@ -1,5 +1,5 @@
 """A module-like fake of pynvml for the exporter tests (tests/utils/test_nvml_collector.py,
-tests/utils/test_exporter.py, tests/integration/test_deploy.py): the calls utils.nvml_collector makes, beyond
+tests/utils/test_exporter.py, tests/integration/test_deploy.py): the calls utils.production.nvml_collector makes, beyond
 what tests/fakes.py fakes (PCI info, minor numbers, XID events and GPM). :class:`RealErrors`
 raises nvidia-ml-py's own exceptions (``pynvml.NVMLError(code)`` becomes
 ``NVMLError_NotSupported``, ``NVMLError_GpuIsLost``, ...), so the error names are the real ones."""
@@ -12,9 +12,9 @@ import pynvml
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from utils import dcgm_metrics as dm
-from utils import nvml
-from utils import nvml_collector as nc
+from utils.device import nvml
+from utils.production import dcgm_metrics as dm
+from utils.production import nvml_collector as nc
 
 MIB = 2**20
 
@@ -40,7 +40,7 @@ class _GpmMetrics:
 
 
 class FakePynvml:
-    """A module-like fake of the pynvml calls utils.nvml_collector makes.
+    """A module-like fake of the pynvml calls utils.production.nvml_collector makes.
 
     ``broken``: set of function names that raise (flip it mid-run to break NVML);
     ``gpm``: whether GPM is supported (Hopper) and what ANY_TENSOR_UTIL % it reports;

@@ -1,4 +1,4 @@
-"""A fake ``pynvml`` for tests, installed at the one seam: ``utils.nvml.set_library``.
+"""A fake ``pynvml`` for tests, installed at the one seam: ``utils.device.nvml.set_library``.
 
 >>> fake = FakeNvml([FakeGpu(power_mw=300_000)])
 >>> with installed(fake):   # restores the real library afterwards
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from utils import nvml
+from utils.device import nvml
 
 
 class NVMLError(Exception):

@@ -1,5 +1,5 @@
 """A tiny checkpoint written into a local Hugging Face hub cache, in the hub's own layout, so the
-real-weights path (``utils.weights``, ``utils.models.load_model``, ``utils.model_dir``) runs
+real-weights path (``utils.model.weights``, ``utils.model.models.load_model``, ``utils.model.model_dir``) runs
 offline under a repository id.
 
 The layout is huggingface_hub's cache (its guide "Manage huggingface_hub cache-system"):
@@ -52,7 +52,7 @@ def write_tiny_llama(hf_home: Path, repo_id: str = TINY_REPO, seed: int = 1234) 
     import torch
     from transformers import PreTrainedTokenizerFast
 
-    from utils.models import EOS_TOKEN, build_model, load_text, train_tokenizer
+    from utils.model.models import EOS_TOKEN, build_model, load_text, train_tokenizer
 
     torch.manual_seed(seed)
     model = build_model(TINY_PRESET, vocab_size=TOKENIZER_VOCAB)  # a real checkpoint's vocab fits its tokenizer

@@ -95,15 +95,15 @@ def write(lab: str, path: Path, ns: dict, fingerprint: dict, monkeypatch, *, smo
           tier: str | None = None, dtype: str = "bfloat16") -> Path:
     """``save_record(lab, ns, path)`` as the notebook's last cell runs it, on the machine
     ``fingerprint`` describes."""
-    import utils.env
-    import utils.hardware
-    import utils.record
+    import utils.course.env
+    import utils.device.hardware
+    import utils.measure.record
 
     gpu = fingerprint.get("kind") == "gpu"
     smoke = (not gpu) if smoke is None else smoke
-    monkeypatch.setattr(utils.hardware, "fingerprint", lambda *a, **k: dict(fingerprint))
-    monkeypatch.setattr(utils.env, "smoke_mode", lambda: smoke)
-    monkeypatch.setattr(utils.env, "device_tier", lambda *a, **k: tier or ("h100" if gpu else "cpu"))
-    monkeypatch.setattr(utils.env, "matmul_dtype", lambda *a, **k: dtype if gpu else "float32")
-    monkeypatch.setattr(utils.record, "utils_hash", lambda *a, **k: "0" * 64)
+    monkeypatch.setattr(utils.device.hardware, "fingerprint", lambda *a, **k: dict(fingerprint))
+    monkeypatch.setattr(utils.course.env, "smoke_mode", lambda: smoke)
+    monkeypatch.setattr(utils.course.env, "device_tier", lambda *a, **k: tier or ("h100" if gpu else "cpu"))
+    monkeypatch.setattr(utils.course.env, "matmul_dtype", lambda *a, **k: dtype if gpu else "float32")
+    monkeypatch.setattr(utils.measure.record, "utils_hash", lambda *a, **k: "0" * 64)
     return record_answers.save_record(lab, ns, path).path

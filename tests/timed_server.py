@@ -1,6 +1,6 @@
 """A local OpenAI-compatible server whose token timing is known: the truth for loadgen.
 
-``utils.loadgen`` is checked against it (tests/utils/test_loadgen*.py) and benchmarked against
+``utils.serving.loadgen`` is checked against it (tests/utils/test_loadgen*.py) and benchmarked against
 it (benchmarks/loadgen_overhead.py). It generates nothing: it streams ``n`` tokens, the
 first ``ttft_ms`` after the request arrives and then one every ``itl_ms``, on absolute
 deadlines (token k is due at arrival + ttft + k * itl), so sleep overshoot does not
@@ -16,7 +16,7 @@ CPU hogs), so the truth for a client is what the server actually did, which it r
   not streamed is one event, its body), ``max_unsent_bytes`` (the transport's buffer after
   each write: 0 means every event went to the kernel at once) and ``cpu_wait_s``, the time
   the server waited for a CPU during the request (``cpu_wait_s()``).
-- **The clock** is ``time.perf_counter()``, the clock ``utils.loadgen`` timestamps with. On
+- **The clock** is ``time.perf_counter()``, the clock ``utils.serving.loadgen`` timestamps with. On
   Linux it is ``clock_gettime(CLOCK_MONOTONIC)`` (``time.get_clock_info``), one clock for the
   whole system, so the server's and the client's readings compare directly although they
   are two processes; ``time.time()`` would too, but NTP can step it mid-run.

@@ -10,7 +10,8 @@ import argparse
 import json
 import sys
 
-from utils import env, hardware, nvml
+from utils.course import env
+from utils.device import hardware, nvml
 
 
 def report() -> dict:

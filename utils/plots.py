@@ -90,7 +90,7 @@ def roofline(peak_tflops: float, bandwidth_gbs: float, points: Sequence[tuple[st
     labelled with its fraction of the roof at its intensity."""
     for name, v in (("peak_tflops", peak_tflops), ("bandwidth_gbs", bandwidth_gbs)):
         if not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"{name} must be a positive number, got {v!r} (utils.hardware has the datasheet values)")
+            raise ValueError(f"{name} must be a positive number, got {v!r} (utils.device.hardware has the datasheet values)")
     for label, intensity, achieved in points:
         if not (isinstance(intensity, (int, float)) and intensity > 0 and isinstance(achieved, (int, float)) and achieved > 0):
             raise ValueError(f"point {label!r}: intensity (FLOP/byte) and achieved TFLOP/s must be positive on a "
@@ -219,7 +219,7 @@ def per_device_scaling(series: Mapping[str, Mapping[int, float]],
 def memory_breakdown(breakdown: Mapping[str, float] | Mapping[str, Mapping[str, float]], *,
                      capacity_gib: float | None = None, title: str | None = None) -> Figure:
     """Stacked bars of memory by component (GiB). ``breakdown``: one dict such as
-    ``utils.memory.training_memory_estimate(...)`` (its ``*_gib`` keys except
+    ``utils.measure.memory.training_memory_estimate(...)`` (its ``*_gib`` keys except
     ``total_gib``), or ``{config_name: that dict}`` for one bar per configuration.
     ``capacity_gib`` draws the card's memory."""
     if breakdown and all(isinstance(v, Mapping) for v in breakdown.values()):

@@ -12,8 +12,8 @@ import numbers
 
 
 class KVConfigError(ValueError):
-    """A config or a number the KV-cache calculator cannot use (``utils.kvcache``,
-    ``utils.vllm_releases``, ``utils.vllm_kv``, the engine log parsers); the message says what
+    """A config or a number the KV-cache calculator cannot use (``utils.kv.kvcache``,
+    ``utils.kv.vllm_releases``, ``utils.kv.vllm_kv``, the engine log parsers); the message says what
     to fix. Defined here, below all of them, so none imports another for it."""
 
 

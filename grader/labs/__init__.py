@@ -98,11 +98,12 @@ def load(assignment: str) -> Lab:
 
 
 def sizes(assignment: str, tier: str | None = None) -> Any:
-    """The sizes of ``assignment`` (``"00_foundations"``) for ``tier``: one of ``utils.env.TIERS``, default
-    this device's (``utils.env.device_tier``). With no tier given, a smaller tier forced on a bigger GPU
+    """The sizes of ``assignment`` (``"00_foundations"``) for ``tier``: one of ``utils.course.env.TIERS``, default
+    this device's (``utils.course.env.device_tier``). With no tier given, a smaller tier forced on a bigger GPU
     (``GPULAB_TIER``) also caps this process to the rehearsed card's memory and dtype, and says so once
-    (``utils.rehearsal.apply``). LabError for an unknown lab, ValueError for an unknown tier."""
-    from utils import env, rehearsal
+    (``utils.device.rehearsal.apply``). LabError for an unknown lab, ValueError for an unknown tier."""
+    from utils.course import env
+    from utils.device import rehearsal
 
     table = load(assignment).part("sizes").BY_TIER
     if tier is None:
@@ -121,7 +122,7 @@ _SAID: set[str] = set()
 
 class PrintsPlan:
     """A lab's sizes (a frozen dataclass in its ``sizes.py``) print (``str``, what ``print(SIZES)``
-    shows) as their tier plan, ``utils.tier_plan``: the card, dtype, ``torch.compile``, what runs,
+    shows) as their tier plan, ``utils.course.tier_plan``: the card, dtype, ``torch.compile``, what runs,
     what is skipped and why, and whether it fits the card's memory. ``repr``, fields, ``==`` and
     ``dataclasses.asdict`` stay the dataclass's."""
 
@@ -129,7 +130,7 @@ class PrintsPlan:
         try:
             import sys
 
-            from utils import env, tier_plan
+            from utils.course import env, tier_plan
 
             own = sys.modules[type(self).__module__]  # the lab's sizes.py: its ASSIGNMENT and BY_TIER
             tier = next((t for t, s in own.BY_TIER.items() if s is self), None) or next(  # two tiers may hold equal sizes
@@ -141,14 +142,14 @@ class PrintsPlan:
 
 def plan(assignment: str) -> ModuleType:
     """The lab's plan (``grader/labs/<lab>/plan.py``): what it runs and skips on a card, where its memory
-    peaks, its measured peaks; ``utils.tier_plan`` makes a printed plan of it."""
+    peaks, its measured peaks; ``utils.course.tier_plan`` makes a printed plan of it."""
     return load(assignment).part("plan")
 
 
 def plan_for(assignment: str, card: Any, lab_sizes: Any = None, tier: str | None = None) -> Any:
-    """``utils.tier_plan.plan_for`` of ``assignment`` on ``card`` (a ``utils.tier_plan.Card``), at
+    """``utils.course.tier_plan.plan_for`` of ``assignment`` on ``card`` (a ``utils.course.tier_plan.Card``), at
     ``lab_sizes`` (default: the lab's sizes of the tier the card gets)."""
-    from utils import tier_plan
+    from utils.course import tier_plan
 
     p = plan(assignment)
     tier = tier or tier_plan.sizes_tier(p, card)

@@ -149,9 +149,9 @@ def plots_section(inp: Inputs, out_dir: Path) -> list[str]:
 
 def render(inp: Inputs, out_dir: Path, here: Mapping | None = None) -> str:
     """Write the plots into ``out_dir``; return the README's text. ``here``: this machine's
-    fingerprint (default: ``utils.hardware.fingerprint()``)."""
+    fingerprint (default: ``utils.device.hardware.fingerprint()``)."""
     if here is None:
-        from utils.hardware import fingerprint
+        from utils.device.hardware import fingerprint
 
         here = fingerprint()
     data, fp = inp.data, inp.data["fingerprint"]

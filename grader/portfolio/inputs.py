@@ -20,8 +20,8 @@ from grader import labs
 from grader.answers import record_path
 from grader.names import RECORD_SCHEMA
 from grader.portfolio import answers as A
-from utils.env import repo_root
-from utils.notebook_lab import grade_ids, lab_of
+from utils.course.env import repo_root
+from utils.course.notebook_lab import grade_ids, lab_of
 
 LABS = labs.assignments()
 RECORD_HINT = "pass the <assignment>.record.json (or .smoke.record.json) a lab's last cell wrote, or its notebook"
@@ -53,7 +53,7 @@ def released_notebook(lab: str) -> dict | None:
 
 def notebook_lab(nb: dict, path: Path, notebooks_dir: Path | None = None) -> str:
     """The lab whose released notebook shares most of ``nb``'s cell ids; else the lab the file
-    name starts with (:func:`utils.notebook_lab.lab_of`)."""
+    name starts with (:func:`utils.course.notebook_lab.lab_of`)."""
     folder = notebooks_dir or repo_root() / "notebooks"
     lab = lab_of(grade_ids(nb), {lab: folder / f"{lab}.ipynb" for lab in LABS}, path.stem)
     if lab is None:

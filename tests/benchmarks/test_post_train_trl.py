@@ -105,7 +105,7 @@ def test_quiet_stderr(two_ranks):
 
 def test_prompt_tokens_are_a_prefix():
     """Cuts fall on word starts, so TRL's prompt tokens are a prefix of prompt+completion's."""
-    from utils.models import encode, shipped_tokenizer
+    from utils.model.models import encode, shipped_tokenizer
 
     tok = shipped_tokenizer()
     sft, dpo, grpo = ptt.make_datasets(tok, 64, 10)

@@ -106,7 +106,7 @@ def test_ddp_record_fields(ddp_run):
     r = ddp_run
     assert r["env"]["NCCL_NVLS_ENABLE"] == "0"
     assert r["env"]["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and r["env"]["NVSHMEM_DISABLE_NVLS"] == "1"
-    from utils.record import utils_hash
+    from utils.measure.record import utils_hash
 
     assert r["utils_sha256"] == utils_hash()
     assert r["fingerprint"]["kind"] == "cpu"
@@ -459,8 +459,8 @@ def test_ddp_one_process_result_is_not_a_baseline(capsys, tmp_path):
 
 
 def test_launch_family_names_what_scaling_names():
-    """The launch's wrapper, from accelerate launch's environment, in utils.scaling's names."""
-    from utils.scaling import wrapper_family
+    """The launch's wrapper, from accelerate launch's environment, in utils.parallel.scaling's names."""
+    from utils.parallel.scaling import wrapper_family
 
     assert checks.launch_family({}) == wrapper_family({"distributed_type": "MULTI_GPU"}) == "DDP"
     assert checks.launch_family({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}) == \

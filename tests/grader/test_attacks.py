@@ -28,8 +28,8 @@ from grader.names import RECORD_SCHEMA
 from grader.release import reference_submission
 from tests.grader.labs import foundations_answers as made
 from tests.nbcells import autograde, cell, gid, messages, scores
-from utils import hardware
-from utils.record import utils_hash
+from utils.device import hardware
+from utils.measure.record import utils_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 A = "00_foundations"
@@ -114,8 +114,8 @@ matmul_tflops = matmul_flops = matmul_bytes = copy_gbs = ew_gbs = ew_tflops = ew
 
 # 5. the course's own implementation as the answer, on this thread and another
 GROUND_TRUTH = """import threading
-from utils import matmul_sweep as _ms
-from utils.flops import arithmetic_intensity as _ai, bound as _bd
+from utils.measure import matmul_sweep as _ms
+from utils.measure.flops import arithmetic_intensity as _ai, bound as _bd
 from utils.units import gb_per_s as _gb, tflop_per_s as _tf
 
 def arithmetic_intensity(flops, bytes_moved):

@@ -109,7 +109,7 @@ except AttributeError:
 value = 1"""
 
 OWN_RECORD = """import os, tempfile
-from utils.record import Record
+from utils.measure.record import Record
 _p = tempfile.mktemp(suffix=".json")
 Record(fingerprint={"kind": "gpu", "name": "NVIDIA H100 80GB HBM3"}).save(_p)
 os.environ["GPULAB_SUBMITTED_RECORD"] = _p

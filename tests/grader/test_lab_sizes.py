@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from grader import labs
-from utils import env, xla
+from utils.course import env
+from utils.tpu import xla
 
 
 @pytest.mark.parametrize("lab", labs.assignments())
@@ -18,7 +19,7 @@ def test_every_lab_has_frozen_sizes_for_every_tier(lab):
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.__setattr__(dataclasses.fields(s)[0].name, None)
     assert labs.load(lab).sizes("t4") is table["t4"] is labs.sizes(lab, "t4")
-    assert str(s).startswith(f"Plan for {lab}")  # sizes print as their plan (utils.tier_plan)
+    assert str(s).startswith(f"Plan for {lab}")  # sizes print as their plan (utils.course.tier_plan)
 
 
 def test_the_device_picks_the_tier_and_a_forced_one_wins(monkeypatch):

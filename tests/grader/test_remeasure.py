@@ -68,7 +68,7 @@ def test_timeout_factor(speed, jobs, factor):
 @pytest.fixture()
 def machine(monkeypatch):
     """Make the machine the timeouts see one of two cores busy with other work."""
-    from utils import env
+    from utils.course import env
 
     monkeypatch.setattr(remeasure, "machine_speed", lambda repeats=5: dict(REFERENCE, others=1.0))
     monkeypatch.setattr(env, "smoke_mode", lambda: True)
@@ -108,7 +108,7 @@ def test_a_bad_timeout_variable_is_one_clear_line(machine, monkeypatch, raw, mat
 
 def test_the_gpu_timeout_is_not_scaled(machine, monkeypatch):
     from grader import course
-    from utils import env
+    from utils.course import env
 
     monkeypatch.setattr(env, "smoke_mode", lambda: False)
     assert course.cell_timeout().seconds == course.GPU_TIMEOUT_S

@@ -24,8 +24,8 @@ def honest(i, a, p, b):
     return "compute" if i >= p * 1e3 / b else "memory"
 """
 CHEATS = {
-    "direct": "def f(i, a, p, b):\n    from utils.flops import bound\n    return bound(i, p, b, a)",
-    "alias": "def f(i, a, p, b):\n    return sys.modules['utils.flops'].__dict__['bound'](i, p, b, a)",
+    "direct": "def f(i, a, p, b):\n    from utils.measure.flops import bound\n    return bound(i, p, b, a)",
+    "alias": "def f(i, a, p, b):\n    return sys.modules['utils.measure.flops'].__dict__['bound'](i, p, b, a)",
     "thread": textwrap.dedent("""
         def f(i, a, p, b):
             import threading
@@ -37,8 +37,8 @@ CHEATS = {
     "fresh_import": textwrap.dedent("""
         def f(i, a, p, b):
             import importlib
-            del sys.modules['utils.flops']
-            return importlib.import_module('utils.flops').bound(i, p, b, a)"""),
+            del sys.modules['utils.measure.flops']
+            return importlib.import_module('utils.measure.flops').bound(i, p, b, a)"""),
     "source": textwrap.dedent("""
         def f(i, a, p, b):
             ns = {}
@@ -47,7 +47,7 @@ CHEATS = {
     "process": textwrap.dedent("""
         def f(i, a, p, b):
             import subprocess
-            code = f'from utils.flops import bound; print(bound({i}, {p}, {b}, {a}))'
+            code = f'from utils.measure.flops import bound; print(bound({i}, {p}, {b}, {a}))'
             return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True).stdout.strip()"""),
     "fork": textwrap.dedent("""
         def f(i, a, p, b):
@@ -72,7 +72,7 @@ def code_dir(tmp_path_factory):
     return definitions.write_code(CODE, tmp_path_factory.mktemp("code"))
 
 
-def start(code_dir, tmp_path, definitions_src, *, prelude="import sys\nfrom utils import flops", forbid=("utils.flops:bound",),
+def start(code_dir, tmp_path, definitions_src, *, prelude="import sys\nfrom utils import flops", forbid=("utils.measure.flops:bound",),
           strict=True, **job):
     return Sandbox({"prelude": [prelude], "definitions": [definitions_src], "policy": {"forbid": list(forbid),
                     "strict": strict}, **job}, code_dir, tmp_path / "sandbox.log")

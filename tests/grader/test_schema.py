@@ -77,7 +77,7 @@ def test_counts_labels_and_containers():
 
 
 def test_a_timing_crosses_as_its_fields():
-    from utils.timing import benchmark
+    from utils.measure.timing import benchmark
 
     t = benchmark(lambda: sum(range(100)), max_runs=5, budget_s=0.2)
     got = TIMING.decode(cross(t), "matmul_time")

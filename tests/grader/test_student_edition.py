@@ -28,14 +28,14 @@ SOURCES = sorted((ROOT / "grader" / "source").glob("*/*.ipynb"))
 TEXT = (".py", ".ipynb", ".md", ".sh", ".txt", ".toml", ".yaml", ".yml", ".json", ".cfg")
 MIN_CHARS = 20  # a normalised line shorter than this ("return out", "x = x.cuda()") says nothing of a solution
 # Lines of a solution that a shipped file holds as well, each with the reason it ships all the same. utils/
-# ships byte for byte (a record carries a hash of it, which the grader checks against its own: utils/record.py);
+# ships byte for byte (a record carries a hash of it, which the grader checks against its own: utils/measure/record.py);
 # there each names the library code the exercise asks the learner to write again.
 SHARED_BY_DESIGN = {
-    "utils/checkpoint.py": "lab 05's capture_rng_state/restore_rng_state are what utils.checkpoint does for its runs",
-    "utils/xla.py": "lab 05's bucket_length is the bucket choice utils.xla makes",
-    "utils/flops.py": "lab 00's arithmetic_intensity is utils.flops' one-line definition",
-    "utils/profile_diagnosis.py": "lab 01's diagnose shares a rule with utils.profile_diagnosis",
-    "utils/diagnosis_cases.py": "lab 01's diagnose shares a None check with the cases built for it",
+    "utils/train/checkpoint.py": "lab 05's capture_rng_state/restore_rng_state are what utils.train.checkpoint does for its runs",
+    "utils/tpu/xla.py": "lab 05's bucket_length is the bucket choice utils.tpu.xla makes",
+    "utils/measure/flops.py": "lab 00's arithmetic_intensity is utils.measure.flops' one-line definition",
+    "utils/diagnosis/profile_diagnosis.py": "lab 01's diagnose shares a rule with utils.diagnosis.profile_diagnosis",
+    "utils/diagnosis/diagnosis_cases.py": "lab 01's diagnose shares a None check with the cases built for it",
 }
 
 

@@ -262,7 +262,7 @@ def test_an_uploaded_zip_is_found_and_unpacked(host, course, tmp_path, kernel_na
     execute(nb, env, base, kernel_name, timeout_s=300)
     out = text_of(nb.cells[0])
     assert f"course repository: {base / 'gpu-utilization-roadmap-main'} | installed: nothing" in out, out
-    assert (base / "gpu-utilization-roadmap-main" / "utils" / "bootstrap.py").is_file()
+    assert (base / "gpu-utilization-roadmap-main" / "utils" / "course" / "bootstrap.py").is_file()
 
 
 def test_on_a_vm_running_jupyter_the_url_is_cloned_too(course, tmp_path, kernel_name):

@@ -3,7 +3,7 @@ manifests (deploy/k8s/grading.yaml is `python -m grader k8s-manifest`'s output, 
 containers' scripts runs here with sh on a class of its own: the shards through the real `grader
 autograde`, the merge through the real `grader merge`, a failed, an unfinished and a wrong shard
 named), promtool on the Prometheus config, and a real Prometheus server (Debian's
-``prometheus``) that scrapes utils.exporter (fed by a fake NVML) and a fake vLLM /metrics,
+``prometheus``) that scrapes utils.production.exporter (fed by a fake NVML) and a fake vLLM /metrics,
 then evaluates every PromQL query of the Grafana dashboard through its HTTP API.
 
 The fake vLLM exposes vLLM's own metric names, label names and histogram buckets
@@ -12,7 +12,7 @@ The fake vLLM exposes vLLM's own metric names, label names and histogram buckets
 replaced 0.10's ``vllm:time_per_output_token_seconds``), through prometheus_client as vLLM
 does. The engine panels (the dashboard's vLLM row) are also evaluated on a real vLLM server (the
 CPU build that ``vllm_server`` in conftest.py starts once per test run) scraped by a real
-Prometheus after a short load from utils.loadgen: numbers, and latency quantiles within what
+Prometheus after a short load from utils.serving.loadgen: numbers, and latency quantiles within what
 the load generator saw. Tools missing here are a skip with the reason; in CI (``CI=true``),
 where .ci/install-services.sh and requirements-dev.txt install them, they are a failure."""
 from __future__ import annotations
@@ -39,9 +39,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from tests.fake_pynvml import FakePynvml, fake_nvml
 from tests.procs import free_port
-from utils import dcgm_metrics as dm
-from utils import exporter as ex
-from utils import nvml_collector as nc
+from utils.production import dcgm_metrics as dm
+from utils.production import exporter as ex
+from utils.production import nvml_collector as nc
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -121,7 +121,7 @@ def test_dockerfile_stages_pinned_non_root_with_healthcheck():
 
 def test_exporter_image_copies_every_module_the_exporter_imports():
     copied = set(re.findall(r"utils/\S+\.py", (DEPLOY / "Dockerfile").read_text()))
-    code = "import sys, utils.exporter; print(' '.join(m for m in sys.modules if m.split('.')[0] == 'utils'))"
+    code = "import sys, utils.production.exporter; print(' '.join(m for m in sys.modules if m.split('.')[0] == 'utils'))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     needed = {"utils/__init__.py" if m == "utils" else m.replace(".", "/") + ".py" for m in proc.stdout.split()}
@@ -436,7 +436,7 @@ def _test_config(targets: dict[str, str]) -> dict:
 
 @pytest.fixture(scope="module")
 def gpu_exporter():
-    """utils.exporter fed by a fake NVML (2 GPUs), serving /metrics; its host:port. One for the
+    """utils.production.exporter fed by a fake NVML (2 GPUs), serving /metrics; its host:port. One for the
     module: the fake NVML is process-wide, so the two Prometheus fixtures share it."""
     with fake_nvml(FakePynvml(n_gpus=2)):
         reg = CollectorRegistry()
@@ -480,7 +480,7 @@ def _prometheus_server(binary: str, tmp: Path, targets: dict[str, str]) -> Itera
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory, gpu_exporter):
-    """A real Prometheus scraping utils.exporter (fake NVML, 2 GPUs) and a fake vLLM."""
+    """A real Prometheus scraping utils.production.exporter (fake NVML, 2 GPUs) and a fake vLLM."""
     binary = tool("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus")
     vllm = FakeVllm()
@@ -625,7 +625,7 @@ def real_vllm_load(vllm_server, gpu_exporter, tmp_path_factory):
     ``base`` (Prometheus), ``at`` (a moment after a scrape that saw every request finished),
     ``window`` (seconds back from ``at`` to before the load: Grafana's range and rate interval
     here), ``result`` (the load generator's summary), ``server``."""
-    from utils import loadgen
+    from utils.serving import loadgen
 
     binary = tool("prometheus")
     target = urllib.parse.urlsplit(vllm_server.base_url).netloc

@@ -1,4 +1,4 @@
-"""utils.loadgen against the wire behaviour of real OpenAI-compatible servers (tests/scripted_server.py).
+"""utils.serving.loadgen against the wire behaviour of real OpenAI-compatible servers (tests/scripted_server.py).
 
 Each scenario reproduces what a named server sends: the role-only first chunk and the
 empty-``choices`` usage chunk (vLLM, SGLang, OpenAI), reasoning deltas (``reasoning_content``: SGLang,
@@ -23,7 +23,7 @@ that), never against an upper speed bound.
 import pytest
 import scripted_server as S
 
-from utils import loadgen
+from utils.serving import loadgen
 
 DONE = b"data: [DONE]\n\n"
 GAP = 0.01  # seconds between scripted text chunks

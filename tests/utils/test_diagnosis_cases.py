@@ -1,4 +1,4 @@
-"""utils.diagnosis_cases, and the parts of utils.profile_diagnosis it rests on (BOTTLENECKS,
+"""utils.diagnosis.diagnosis_cases, and the parts of utils.diagnosis.profile_diagnosis it rests on (BOTTLENECKS,
 ``ProfileSummary.evidence`` and ``from_dict``): every synthetic case gives its verdict however
 the thresholds are read within their margins, the real CPU loops give theirs, a variant moves
 the verdict, and bad input is refused in one line."""
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from utils import diagnosis_cases as C
-from utils import profile_diagnosis as D
+from utils.diagnosis import diagnosis_cases as C
+from utils.diagnosis import profile_diagnosis as D
 
 SHIFTS = {"LOADER_WAIT_FRACTION": C.LOADER_MARGIN, "H2D_TIME_FRACTION": C.LOADER_MARGIN,
           "GPU_IDLE_FRACTION": C.IDLE_MARGIN, "MATMUL_SHARE": C.MATMUL_MARGIN}

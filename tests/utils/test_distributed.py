@@ -1,4 +1,4 @@
-"""utils.distributed: scaling efficiency, nccl-tests bandwidth factors, ZeRO/FSDP/TP/PP memory
+"""utils.parallel.distributed: scaling efficiency, nccl-tests bandwidth factors, ZeRO/FSDP/TP/PP memory
 (the ZeRO paper's own example), and benchmarks/allreduce.py run for real with two processes
 over gloo on the loopback interface."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import free_port
-from utils.distributed import (
+from utils.parallel.distributed import (
     algbw_gbs,
     allreduce_benchmark,
     allreduce_time_s,

@@ -1,11 +1,11 @@
-"""utils/dockerfile.py: deploy/Dockerfile read instruction by instruction, every instruction of it
+"""utils/production/dockerfile.py: deploy/Dockerfile read instruction by instruction, every instruction of it
 explained (none falls through to the generic line), the facts lab 04's text states about it true
 of the file as it is, and the parser's rules (continuations, comments, forms) on small files."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from utils import dockerfile as D
+from utils.production import dockerfile as D
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "deploy" / "Dockerfile").read_text()

@@ -1,7 +1,7 @@
 """Platform detection, smoke mode and size tiers."""
 import pytest
 
-from utils import env
+from utils.course import env
 
 
 def test_platform_detection(monkeypatch):
@@ -36,4 +36,4 @@ def test_forced_tier(monkeypatch):
 
 
 def test_repo_root_holds_utils():
-    assert (env.repo_root() / "utils" / "env.py").is_file()
+    assert (env.repo_root() / "utils" / "course" / "env.py").is_file()

@@ -1,4 +1,4 @@
-"""The one-line hints of utils/exercise_hints.py: which exercise defines each name, and a released
+"""The one-line hints of utils/course/exercise_hints.py: which exercise defines each name, and a released
 notebook run top to bottom before its exercises are done.
 
 The map is checked against the source notebooks (grader/source/, where the solutions are typed in):
@@ -20,8 +20,8 @@ import pytest
 
 from grader import labs
 from tests.nbcells import gid, src
-from utils import bootstrap
-from utils import exercise_hints as H
+from utils.course import bootstrap
+from utils.course import exercise_hints as H
 
 ROOT = Path(__file__).resolve().parents[2]
 LABS = tuple(labs.REGISTRY)

@@ -1,5 +1,5 @@
-"""utils.exporter: the HTTP server, the CLI's one-line errors, the served page as valid text
-format and OpenMetrics (utils.dcgm_metrics.render), and a hung NVML call that blocks neither
+"""utils.production.exporter: the HTTP server, the CLI's one-line errors, the served page as valid text
+format and OpenMetrics (utils.production.dcgm_metrics.render), and a hung NVML call that blocks neither
 scrapes nor stop. The fake pynvml is tests/fake_pynvml.py."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from tests.fake_pynvml import FakePynvml, fake_nvml, families, make, samples
-from utils import dcgm_metrics as dm
-from utils import exporter as ex
+from utils.production import dcgm_metrics as dm
+from utils.production import exporter as ex
 
 # -- HTTP server and CLI ------------------------------------------------------------------------
 
@@ -57,7 +57,7 @@ def test_thread_refreshes_without_explicit_calls():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "utils.exporter", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "utils.production.exporter", *args], capture_output=True, text=True,
                           timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""utils.flops: FLOPs per token, MFU, roofline and bound classification, and phase 0's
+"""utils.measure.flops: FLOPs per token, MFU, roofline and bound classification, and phase 0's
 batch-size experiment and step limiter (the same verdicts as the notebook and the grader)."""
 import json
 import math
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.nbcells import cell, src
-from utils import flops as F
+from utils.measure import flops as F
 
 PHASE0 = Path(__file__).resolve().parents[2] / "grader/source/00_foundations/00_foundations.ipynb"
 
@@ -34,14 +34,14 @@ def test_flops_per_token_gpt2_small_nanogpt():
 
 
 def test_flops_per_token_from_config_gpt2_matches_nanogpt():
-    from utils.models import preset_config, preset_config_dict
+    from utils.model.models import preset_config, preset_config_dict
 
     assert F.flops_per_token_from_config(preset_config_dict("gpt2-small"), 1024) == GPT2_FLOPS_PER_TOKEN_T1024
     assert F.flops_per_token_from_config(preset_config("gpt2-small"), 1024) == GPT2_FLOPS_PER_TOKEN_T1024
 
 
 def test_count_params_gpt2_small_on_meta_is_nanogpt_n():
-    from utils.models import build_model
+    from utils.model.models import build_model
 
     model = build_model("gpt2-small", device="meta")
     assert F.count_params(model, exclude_embeddings=False) == GPT2_TOTAL
@@ -186,7 +186,7 @@ def _solution(grade_id: str) -> str:
 
 
 def test_bound_is_the_notebooks_classify_bound_on_a_grid():
-    """The phase 0 solution's ``classify_bound`` and :func:`utils.flops.bound` place every
+    """The phase 0 solution's ``classify_bound`` and :func:`utils.measure.flops.bound` place every
     kernel of a grid of intensities, roof fractions and machines alike."""
     ns: dict = {}
     exec(compile(_solution("roofline_functions"), "roofline_functions", "exec"), ns)  # noqa: S102

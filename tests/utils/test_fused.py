@@ -1,4 +1,4 @@
-"""utils/fused.py and the course's own bias + GELU kernel (grader/fused_reference.py, interpreted on a
+"""utils/train/fused.py and the course's own bias + GELU kernel (grader/fused_reference.py, interpreted on a
 CPU) against the unfused ops."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grader import fused_reference as ref
-from utils import fused  # noqa: I001 (first: it chooses the interpreter before any kernel is decorated)
+from utils.train import fused  # noqa: I001 (first: it chooses the interpreter before any kernel is decorated)
 
 DEV = "cpu" if fused.INTERPRETED else "cuda"
 # odd sizes: not multiples of the block, a single element, more than one program per row
@@ -137,7 +137,7 @@ def test_gpu_check_script_runs_here(tmp_path, monkeypatch):
     """benchmarks/fused_check.py end to end at one tiny size (interpreted on a CPU)."""
     if not fused.INTERPRETED:
         pytest.skip("on a GPU run the script itself")
-    spec = importlib.util.spec_from_file_location("fused_check", Path(fused.__file__).parent.parent / "benchmarks"
+    spec = importlib.util.spec_from_file_location("fused_check", Path(fused.__file__).parents[2] / "benchmarks"
                                                   / "fused_check.py")
     fc = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fc)

@@ -1,4 +1,4 @@
-"""utils/grad_sync.py: the learner's cell as a module, the checks of a run, the gap rule."""
+"""utils/parallel/grad_sync.py: the learner's cell as a module, the checks of a run, the gap rule."""
 from __future__ import annotations
 
 import importlib.util
@@ -6,7 +6,7 @@ import linecache
 
 import pytest
 
-from utils import grad_sync as G
+from utils.parallel import grad_sync as G
 
 CELL = '''import torch
 import torch.distributed as dist

@@ -3,7 +3,7 @@ import types
 
 import pytest
 
-from utils import hardware, nvml
+from utils.device import hardware, nvml
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""utils.decode, utils.inference and utils.quantize on a CPU (llama-tiny, fp32), plus GPU-marked checks.
+"""utils.serving.decode, utils.serving.inference and utils.model.quantize on a CPU (llama-tiny, fp32), plus GPU-marked checks.
 
 The fast decode path must produce eager ``generate``'s greedy tokens (the same code runs on a
 GPU, compiled); the bytes and KV arithmetic are exact; the KV growth a CPU measures (the cache
@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils import decode, inference, kvcache, quantize, vllm_kv, vllm_log
-from utils.models import build_model
+from utils.kv import kvcache, vllm_kv, vllm_log
+from utils.model import quantize
+from utils.model.models import build_model
+from utils.serving import decode, inference
 from utils.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,7 +200,7 @@ def _reference_calculator():
 def _served(tmp_path, facts, kv_dtype=None):
     import types
 
-    from utils.engines import EngineFacts, EngineOptions
+    from utils.serving.engines import EngineFacts, EngineOptions
 
     (tmp_path / "config.json").write_text((ROOT / "utils" / "configs" / "llama-tiny.json").read_text())
     return types.SimpleNamespace(facts=EngineFacts(**facts), model_dir=tmp_path, marker={"dtype": "bf16"},
@@ -326,7 +328,7 @@ def test_compiled_fast_path_on_cuda_matches_eager_and_uses_cuda_graphs():
 def test_served_kv_check_on_a_real_h200_log(tmp_path):
     """vLLM 0.26.0 on an H200 (benchmarks/results/vllm-gpu-h200/): the profiled memory is only
     logged as %.2f GiB, so the calculator gives a range and vLLM's blocks and tokens fall in it."""
-    from utils.engines import EngineFacts, EngineOptions
+    from utils.serving.engines import EngineFacts, EngineOptions
 
     res = ROOT / "benchmarks" / "results" / "vllm-gpu-h200"
     log = vllm_log.parse_vllm_log((res / "vllm-llama-1.1b.log").read_text())

@@ -1,4 +1,4 @@
-"""utils.int8_checkpoint: the compressed-tensors W8A8 / W4A16 writer, offline on CPU, without vLLM."""
+"""utils.model.int8_checkpoint: the compressed-tensors W8A8 / W4A16 writer, offline on CPU, without vLLM."""
 import json
 
 import pytest
@@ -6,8 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from utils import int8_checkpoint as ic  # noqa: E402
-from utils import serve  # noqa: E402
+from utils.model import int8_checkpoint as ic  # noqa: E402
+from utils.serving import serve  # noqa: E402
 
 
 @pytest.fixture(scope="module")

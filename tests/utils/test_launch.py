@@ -1,4 +1,4 @@
-"""utils.launch: what a failed multi-process launch says, and which failures get a second launch.
+"""utils.parallel.launch: what a failed multi-process launch says, and which failures get a second launch.
 
 The failure texts are torchrun's own: each test launches real ``torch.distributed.run`` processes
 (two ranks on CPU) whose second rank fails in a known way, so the summary block torchrun prints
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from utils import launch
+from utils.parallel import launch
 
 
 def torchrun_output(tmp_path: Path, body: str) -> str:

@@ -1,4 +1,4 @@
-"""utils.loadgen against tests/timed_server.py (its own process, loopback): measured timing
+"""utils.serving.loadgen against tests/timed_server.py (its own process, loopback): measured timing
 against what the server actually did, the load held, arrivals, failures by reason, outputs
 and the CLI.
 
@@ -35,10 +35,10 @@ import pytest
 import timed_server
 
 from tests.procs import free_port
-from utils import loadgen
-from utils.env import repo_root
-from utils.loadgen import client as loadgen_client
-from utils.loadgen.__main__ import main as cli_main
+from utils.course.env import repo_root
+from utils.serving import loadgen
+from utils.serving.loadgen import client as loadgen_client
+from utils.serving.loadgen.__main__ import main as cli_main
 
 TTFT_MS, ITL_MS, N_TOK = 100.0, 20.0, 8
 SERVER_LATE_MS = 50.0  # the server's own lateness against its schedule: a sanity bound, not the client's error
@@ -308,7 +308,7 @@ def test_sweep_goes_from_synchronous_to_throughput(server, tmp_path):
 
 
 def test_cli_unreachable_server_is_one_line_and_nonzero():
-    out = subprocess.run([sys.executable, "-m", "utils.loadgen", "--base-url", f"http://127.0.0.1:{free_port()}",
+    out = subprocess.run([sys.executable, "-m", "utils.serving.loadgen", "--base-url", f"http://127.0.0.1:{free_port()}",
                           "--model", "m", "--concurrency", "1", "--no-progress"],
                          cwd=repo_root(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "Traceback" not in out.stderr

@@ -1,12 +1,12 @@
-"""utils.loadgen's pure parts: metric definitions, goodput, load held, arrivals, prompts, inputs."""
+"""utils.serving.loadgen's pure parts: metric definitions, goodput, load held, arrivals, prompts, inputs."""
 import json
 import math
 
 import numpy as np
 import pytest
 
-from utils import loadgen
-from utils.loadgen.client import RequestRecord, endpoint_url
+from utils.serving import loadgen
+from utils.serving.loadgen.client import RequestRecord, endpoint_url
 
 
 def _rec(i, *, ttft, e2el, tokens, itl=(), ok=True, reason="", sent=0.0, done=None, usage=True, scheduled=None):
@@ -181,7 +181,7 @@ def test_workload_validation_is_one_clear_message():
 
 
 def test_prompts_whose_random_ids_never_settle_are_redrawn_from_whole_words():
-    from utils.models import shipped_tokenizer
+    from utils.model.models import shipped_tokenizer
 
     tok = shipped_tokenizer()  # byte-level BPE: random ids merge when joined
     ps = [p for seed in range(40) for p in loadgen.synthetic_prompts(6, 16, seed=seed, tokenizer=tok)]

@@ -1,11 +1,11 @@
-"""utils/matmul_ceiling.py: the measured matmul ceiling, on the CPU through the same function a GPU runs."""
+"""utils/measure/matmul_ceiling.py: the measured matmul ceiling, on the CPU through the same function a GPU runs."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from utils import matmul_ceiling as M
-from utils.flops import matmul_flops
+from utils.measure import matmul_ceiling as M
+from utils.measure.flops import matmul_flops
 from utils.units import tflop_per_s
 
 
@@ -23,7 +23,7 @@ def test_a_fraction_is_the_loops_flops_over_the_ceiling():
 
 
 def test_the_rate_is_the_matmuls_flops_over_its_median_time(monkeypatch):
-    from utils import timing
+    from utils.measure import timing
 
     class Fixed:
         median_ms = 4.0
@@ -41,7 +41,7 @@ def test_an_unknown_precision_is_one_line():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.gpu
 def test_on_a_gpu_the_ceiling_is_below_the_datasheet_peak():
-    from utils.hardware import current_spec
+    from utils.device.hardware import current_spec
 
     c = M.measure("bf16" if torch.cuda.is_bf16_supported() else "fp16")
     peak = current_spec().peak_tflops(c.dtype)

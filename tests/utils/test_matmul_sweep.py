@@ -1,4 +1,4 @@
-"""utils/matmul_sweep.py: tile and wave quantization, worked by hand from the definitions of
+"""utils/measure/matmul_sweep.py: tile and wave quantization, worked by hand from the definitions of
 NVIDIA's Matrix Multiplication Background User's Guide (sections 2.2, 3.1, 3.2)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from utils import matmul_sweep as ms
+from utils.measure import matmul_sweep as ms
 
 
 def test_tiles_cover_the_output_with_ceilings():
@@ -101,7 +101,7 @@ def test_sm_count_without_a_gpu_is_the_stand_in():
 
 
 def test_every_sm_count_is_a_card_of_the_spec_table():
-    from utils.hardware import SPECS
+    from utils.device.hardware import SPECS
 
     assert set(ms.SM_COUNTS) == set(SPECS)
     assert ms.SM_COUNTS["H100-SXM"] == 132 and ms.SM_COUNTS["A100-80GB"] == 108 and ms.SM_COUNTS["T4"] == 40

@@ -1,9 +1,15 @@
-"""utils.memory: exact estimates for known cases, dtype sizes, PeakMemory on the CPU."""
+"""utils.measure.memory: exact estimates for known cases, dtype sizes, PeakMemory on the CPU."""
 from __future__ import annotations
 
 import pytest
 
-from utils.memory import GIB, PeakMemory, bytes_per_dtype, training_memory_estimate, transformer_activation_bytes
+from utils.measure.memory import (
+    GIB,
+    PeakMemory,
+    bytes_per_dtype,
+    training_memory_estimate,
+    transformer_activation_bytes,
+)
 
 # -- bytes_per_dtype -------------------------------------------------------------------------
 
@@ -121,7 +127,7 @@ def test_peak_memory_cuda_path_with_fakes(monkeypatch):
     """The CUDA branch on a CPU: torch.cuda's memory statistics and NVML are faked."""
     torch = pytest.importorskip("torch")
     from tests.fakes import FakeGpu, FakeNvml, installed
-    from utils import memory
+    from utils.measure import memory
 
     stats = {"allocated": 2 * GIB, "max_allocated": 0, "max_reserved": 0, "resets": []}
 
@@ -150,7 +156,7 @@ def test_peak_memory_cuda_path_with_fakes(monkeypatch):
 def test_tensor_bytes_counts_each_storage_once_and_saved_bytes():
     import torch
 
-    from utils.memory import count_saved_bytes, tensor_bytes
+    from utils.measure.memory import count_saved_bytes, tensor_bytes
 
     a = torch.zeros(256, dtype=torch.float32)
     assert tensor_bytes([a, a[:10], None, a.view(16, 16)]) == 1024  # views share a's storage

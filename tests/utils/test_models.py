@@ -1,13 +1,13 @@
-"""utils.models: presets built offline, the shipped tokenizer and text, training batches."""
+"""utils.model.models: presets built offline, the shipped tokenizer and text, training batches."""
 import json
 import math
 
 import pytest
 import torch
 
-from utils import flops as F
-from utils import models as M
-from utils import weights as W
+from utils.measure import flops as F
+from utils.model import models as M
+from utils.model import weights as W
 
 TINY = ["gpt2-tiny", "llama-tiny", "qwen-tiny"]
 FULL = ["gpt2-small", "llama-1.1b", "qwen2.5-0.5b"]

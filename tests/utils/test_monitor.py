@@ -1,4 +1,4 @@
-"""GpuMonitor (utils/monitor.py) against a fake NVML (tests/fakes.py): absent, failing mid-run, normal.
+"""GpuMonitor (utils/device/monitor.py) against a fake NVML (tests/fakes.py): absent, failing mid-run, normal.
 
 Samples are taken with ``mon.sample()`` under a long interval, so counts are exact and no
 test depends on how fast this machine is."""
@@ -13,8 +13,8 @@ import pytest
 
 from tests.fakes import FakeGpu, FakeNvml, installed, nvml_not_installed
 from tests.utils.test_nvml import RealErrorsNvml
-from utils import nvml
-from utils.monitor import GpuMonitor
+from utils.device import nvml
+from utils.device.monitor import GpuMonitor
 from utils.units import GIB
 
 LONG = 3600.0  # an interval the background thread never reaches during a test

@@ -1,9 +1,9 @@
-"""utils/notebook_lab.py: a renamed notebook is still its lab; the name decides only when the ids do not."""
+"""utils/course/notebook_lab.py: a renamed notebook is still its lab; the name decides only when the ids do not."""
 from __future__ import annotations
 
 import json
 
-from utils.notebook_lab import grade_ids, lab_of
+from utils.course.notebook_lab import grade_ids, lab_of
 
 
 def _nb(*ids, plain=0):
@@ -38,7 +38,7 @@ def test_grader_check_finds_the_lab_of_a_renamed_release(tmp_path):
 
     from grader import course
     from grader.selfcheck import guess_assignment
-    from utils.env import repo_root
+    from utils.course.env import repo_root
 
     for lab in ("00_foundations", "04_benchmarking_production"):
         renamed = tmp_path / "my copy.ipynb"

@@ -1,4 +1,4 @@
-"""utils/nvml.py, the NVML seam, against a fake NVML (tests/fakes.py) and nvidia-ml-py's own
+"""utils/device/nvml.py, the NVML seam, against a fake NVML (tests/fakes.py) and nvidia-ml-py's own
 error codes: device visibility, error names, init failures, throttle-reason bits."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pynvml
 import pytest
 
 from tests.fakes import FakeGpu, FakeNvml, installed
-from utils import nvml
+from utils.device import nvml
 
 # -- device selection ---------------------------------------------------------------------
 
@@ -137,7 +137,7 @@ def test_held_memory_prefers_the_engines_own_processes_over_a_difference():
     per-process reading is 60. Without a per-process list the difference is the answer, named so."""
     from types import SimpleNamespace
 
-    from utils import inference
+    from utils.serving import inference
 
     server = SimpleNamespace(device="cuda", process_ids=lambda: [101, 102])
     gpus = [FakeGpu(mem_used_bytes=60 * 2**30, processes={101: 60 * 2**30, 999: 0})]

@@ -1,4 +1,4 @@
-"""utils.nvml_collector (with utils.dcgm_metrics' names) against a fake pynvml (tests/fake_pynvml.py):
+"""utils.production.nvml_collector (with utils.production.dcgm_metrics' names) against a fake pynvml (tests/fake_pynvml.py):
 dcgm-exporter's names, types, units and labels; NVML failing mid-run, absent, or failing with
 nvidia-ml-py's real error codes. Samples are taken with ``exporter.refresh()`` so no test
 depends on thread timing; the staleness test moves an injected clock instead of sleeping."""
@@ -10,8 +10,8 @@ import pynvml
 import pytest
 
 from tests.fake_pynvml import FakePynvml, RealErrors, errors_by, fake_nvml, families, gpus_with, make, samples
-from utils import dcgm_metrics as dm
-from utils import nvml_collector as nc
+from utils.production import dcgm_metrics as dm
+from utils.production import nvml_collector as nc
 
 MIB = 2**20
 

@@ -1,11 +1,11 @@
-"""utils.paged_batching: the paged engine decodes what the model decodes, refuses a schedule a
+"""utils.serving.paged_batching: the paged engine decodes what the model decodes, refuses a schedule a
 real pool could not run, and static batching is a valid schedule that the rule beats on steps."""
 from __future__ import annotations
 
 import pytest
 
-from utils import paged_batching as pb
-from utils.kvcache import KVSpec
+from utils.kv.kvcache import KVSpec
+from utils.serving import paged_batching as pb
 
 SPEC = KVSpec(2, 2, 32, 4)  # llama-tiny's KV geometry in fp32
 
@@ -25,7 +25,7 @@ def rule(engine):
 def model():
     import torch
 
-    from utils.models import build_model
+    from utils.model.models import build_model
 
     torch.manual_seed(0)
     return build_model(pb.MODEL).eval()

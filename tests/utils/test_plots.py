@@ -8,7 +8,7 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 from utils import plots
-from utils.memory import training_memory_estimate
+from utils.measure.memory import training_memory_estimate
 
 
 def texts(ax) -> list[str]:

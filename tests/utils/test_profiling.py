@@ -1,4 +1,4 @@
-"""utils.profiling and the trace modules it runs on (trace_metrics, profile_diagnosis): exact
+"""utils.diagnosis.profiling and the trace modules it runs on (trace_metrics, profile_diagnosis): exact
 numbers from synthetic Kineto traces (tests/kineto_events.py), diagnoses, and end-to-end CPU
 profiles. Real trace files and malformed input: tests/utils/test_trace_events.py."""
 import gzip
@@ -8,10 +8,10 @@ import time
 import pytest
 
 from tests.kineto_events import BWD, gpu_step_copy, h2d, kernel, loader, noise, op, rt, step
-from utils import profile_diagnosis as D
-from utils import profiling as P
-from utils import trace_events as TE
-from utils import trace_metrics as TM
+from utils.diagnosis import profile_diagnosis as D
+from utils.diagnosis import profiling as P
+from utils.diagnosis import trace_events as TE
+from utils.diagnosis import trace_metrics as TM
 
 # ---------------------------------------------------------------- pure pieces
 

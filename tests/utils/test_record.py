@@ -4,12 +4,12 @@ import math
 
 import pytest
 
-from utils import record
+from utils.measure import record
 
 
 def test_round_trip(tmp_path):
     rec = record.Record.new()
-    rec.add("matmul_tflops", 12.5, "TFLOP/s", method="utils.timing.benchmark", spread=0.01, n=256)
+    rec.add("matmul_tflops", 12.5, "TFLOP/s", method="utils.measure.timing.benchmark", spread=0.01, n=256)
     path = rec.save(tmp_path / "rec.json")
     back = record.Record.load(path)
     assert back.value("matmul_tflops") == 12.5

@@ -1,4 +1,4 @@
-"""utils/rehearsal.py: a forced smaller tier on a bigger GPU caps the allocator at that card's
+"""utils/device/rehearsal.py: a forced smaller tier on a bigger GPU caps the allocator at that card's
 memory, picks its dtype, and caps a serving engine's share; with no tier forced, or on a card no
 bigger than the tier's, nothing changes. CUDA is faked: the calls are recorded, not made."""
 from __future__ import annotations
@@ -7,7 +7,11 @@ import pytest
 import torch
 
 from grader import labs
-from utils import engines, env, model_dir, rehearsal, training
+from utils.course import env
+from utils.device import rehearsal
+from utils.model import model_dir
+from utils.serving import engines
+from utils.train import training
 
 
 @pytest.fixture

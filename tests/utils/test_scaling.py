@@ -1,4 +1,4 @@
-"""utils.scaling and benchmarks/scaling_chart.py: curves from recorded runs, shipped and made up."""
+"""utils.parallel.scaling and benchmarks/scaling_chart.py: curves from recorded runs, shipped and made up."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.procs import load_script
-from utils import scaling
+from utils.parallel import scaling
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"

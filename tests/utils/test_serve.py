@@ -1,4 +1,4 @@
-"""utils.serve with a real engine: ``transformers serve`` on the CPU, the tiny Llama preset.
+"""utils.serving.serve with a real engine: ``transformers serve`` on the CPU, the tiny Llama preset.
 
 The model directory fixes the output length (no end-of-sequence token, unstreamable ids
 suppressed), so every request streams exactly ``max_tokens`` chunks of text; the server is
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from utils import loadgen, serve
+from utils.serving import loadgen, serve
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_model_dir_fixes_the_output_length(model_dir, tmp_path):
 
 
 def test_engine_commands():
-    from utils import engines
+    from utils.serving import engines
 
     tf = engines.EngineInstall("transformers", "/py", "transformers", "5.24", "any", "this interpreter")
     o = engines.EngineOptions(host="127.0.0.1", port=9, device="cuda", quantization="bnb-4bit", kv_cache_tokens=1000)
@@ -86,7 +86,7 @@ def test_engine_commands():
     sg = engines.EngineInstall("sglang", "/py", "sglang", "0.5.9", "cuda", "x")
     v, _ = engines.command(sg, serve.Path("/m"), "fp16", 2048, engines.EngineOptions(kv_cache_dtype="fp8_e4m3"))
     assert v[1:5] == ["-m", "sglang.launch_server", "--model-path", "/m"]
-    assert v[v.index("--mem-fraction-static") + 1] == "0.4"  # utils.serve.start's default share
+    assert v[v.index("--mem-fraction-static") + 1] == "0.4"  # utils.serving.serve.start's default share
     assert "--context-length 2048 --mem-fraction-static" in " ".join(v) and "--kv-cache-dtype fp8_e4m3" in " ".join(v)
 
 
@@ -130,14 +130,14 @@ def test_not_a_model_dir_and_unknown_preset(tmp_path):
         serve.start(tmp_path)
     with pytest.raises(serve.ServeError, match="is not a directory"):
         serve.start(tmp_path / "nowhere")
-    with pytest.raises(serve.ServeError, match="not a model directory from utils.serve.build_model_dir"):
+    with pytest.raises(serve.ServeError, match="not a model directory from utils.serving.serve.build_model_dir"):
         serve.read_marker(tmp_path)
     with pytest.raises(serve.ServeError, match="unknown preset 'llama-7b'"):
         serve.build_model_dir("llama-7b", root=tmp_path)
 
 
 def test_vllm_missing_is_reported(monkeypatch, tmp_path):
-    from utils import engines
+    from utils.serving import engines
 
     monkeypatch.setattr(engines, "VLLM_VENV", tmp_path / "no-venv")
     monkeypatch.delenv("GPULAB_VLLM_PYTHON", raising=False)
@@ -159,7 +159,7 @@ def test_vllm_gets_at_most_1024_allowed_token_ids(model_dir):
 
 
 def test_vllm_gpu_support_matrix():
-    from utils import engines
+    from utils.serving import engines
 
     assert engines.vllm_gpu_support((7, 5), "Tesla T4") == (True, "")
     ok, why = engines.vllm_gpu_support((6, 0), "Tesla P100-PCIE-16GB")
@@ -171,7 +171,7 @@ def test_vllm_gpu_support_matrix():
 def test_fp8_kv_cache_on_vllm_cpu_needs_avx512_or_amx(monkeypatch, avx512, amx, refused):
     import torch
 
-    from utils import engines
+    from utils.serving import engines
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
@@ -234,7 +234,7 @@ def test_engine_dies_with_its_parent(model_dir, tmp_path):
     """setpriv --pdeathsig: a kernel killed with SIGKILL takes its engine with it."""
     if not serve.shutil.which("setpriv"):
         pytest.skip("setpriv (util-linux) is not installed here")
-    code = (f"import sys, time; sys.path.insert(0, {str(serve.Path(serve.__file__).parent.parent)!r})\n"
+    code = (f"import sys, time; sys.path.insert(0, {str(serve.Path(serve.__file__).parents[2])!r})\n"
             "from utils import serve\n"
             f"s = serve.start({str(model_dir)!r}, engine='transformers', device='cpu', continuous_batching=False, "
             f"timeout_s=240, log_dir={str(tmp_path)!r})\n"

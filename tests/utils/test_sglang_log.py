@@ -1,4 +1,4 @@
-"""utils.sglang_log: SGLang start-up logs from GitHub (tests/data/sglang_logs, each citing its
+"""utils.kv.sglang_log: SGLang start-up logs from GitHub (tests/data/sglang_logs, each citing its
 source in its header and in README.md) parsed to the numbers printed in them, and the
 calculator against the logged #tokens and K/V sizes where the model's config is known."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from utils.kvcache import KVSpec, from_hf_config
-from utils.sglang_log import (
+from utils.kv.kvcache import KVSpec, from_hf_config
+from utils.kv.sglang_log import (
     GB,
     KVAllocation,
     SglangLogError,

@@ -1,11 +1,11 @@
-"""utils/step_traffic.py: the bytes a call's operations read and write, counted on a CPU against
+"""utils/measure/step_traffic.py: the bytes a call's operations read and write, counted on a CPU against
 what each operation must move by hand."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from utils.step_traffic import count_bytes
+from utils.measure.step_traffic import count_bytes
 
 
 def test_each_operation_counts_its_inputs_and_outputs_once():

@@ -1,4 +1,4 @@
-"""utils/tier_plan.py, utils/lab_memory.py, grader/tier_table.py and the labs' plan.py: every lab's plan on every tier.
+"""utils/course/tier_plan.py, utils/course/lab_memory.py, grader/tier_table.py and the labs' plan.py: every lab's plan on every tier.
 
 With the device faked (torch.cuda's answers replaced, as tests/utils/test_rehearsal.py does), the
 device cell's ``print(SIZES)`` prints the plan of the card it finds: its dtype matches the card
@@ -18,8 +18,12 @@ import pytest
 import torch
 
 from grader import labs, tier_table
-from utils import env, lab_memory, launch, quantize, rehearsal, tier_plan, training
-from utils.tier_plan import CARDS, CONTEXT_GIB, MARGIN
+from utils.course import env, lab_memory, tier_plan
+from utils.course.tier_plan import CARDS, CONTEXT_GIB, MARGIN
+from utils.device import rehearsal
+from utils.model import quantize
+from utils.parallel import launch
+from utils.train import training
 
 LABS = labs.assignments()
 
@@ -143,7 +147,7 @@ def test_the_code_follows_a_p100_plan(device, monkeypatch):
     assert "GPUTooOldForTriton" in tier_plan.too_old_to_compile("cuda")
     assert quantize.usable_modes("cuda") == ("nf4",) and training.best_precision("cuda") == "fp16"
     assert training._torch_half(torch.device("cuda")) is torch.float16
-    from utils import fused
+    from utils.train import fused
 
     with pytest.raises(RuntimeError, match="Triton does not compile for compute capability 6.0"):
         fused._require_capability(torch.device("cuda"))
@@ -156,8 +160,8 @@ def test_a_loop_and_a_decoder_run_eager_where_the_plan_says_no_compile(monkeypat
     cfg = training.LoopConfig(batch_size=2, seq_len=16, compile_mode="default")
     loop = training.build_loop("gpt2-tiny", cfg, device="cpu")
     assert loop.compile_skipped == "compute capability 6.0" and loop.loss_fn == loop._loss
-    from utils import decode
-    from utils.models import build_model
+    from utils.model.models import build_model
+    from utils.serving import decode
 
     d = decode.FastDecoder(build_model("llama-tiny").eval(), max_seq_len=16, compile=True)
     assert not d.compiled and d.compile_skipped == "compute capability 6.0"
@@ -222,7 +226,7 @@ def test_every_plan_covers_its_measured_peak_within_15_percent(record, plan, pla
 def test_the_measured_peaks_name_their_raw_files_or_their_machine_and_date():
     from pathlib import Path
 
-    root = Path(tier_plan.__file__).resolve().parent.parent
+    root = Path(tier_plan.__file__).resolve().parents[2]
     assert {r.card.key for r in labs.measured_peaks()} == {"t4", "h100"}
     for r in labs.measured_peaks():
         assert "2026-12-0" in r.how and "nvidia-smi" in r.how

@@ -1,4 +1,4 @@
-"""utils.timing on the CPU. A fake clock (swapped in for the module's ``time``) makes run
+"""utils.measure.timing on the CPU. A fake clock (swapped in for the module's ``time``) makes run
 times exact, so the stopping rules are tested without timing anything real."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from utils import timing
-from utils.timing import Stopwatch, TimingResult, benchmark, device_sync, relative_standard_error
+from utils.measure import timing
+from utils.measure.timing import Stopwatch, TimingResult, benchmark, device_sync, relative_standard_error
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""utils.topology.parse_topo against `nvidia-smi topo -m` outputs that people posted (tests/data/topo/).
+"""utils.device.topology.parse_topo against `nvidia-smi topo -m` outputs that people posted (tests/data/topo/).
 
 Each fixture's first line is ``# source: <url>``; the rest is the text as stored in the public copy
 (where that copy is cut, the fixture ends at the last whole line). The facts asserted below were read
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from utils import topology
+from utils.device import topology
 
 DATA = Path(__file__).parent.parent / "data" / "topo"
 

@@ -1,4 +1,4 @@
-"""utils/tpu_pod.py: the systolic-array arithmetic against the datasheet peaks it explains, the
+"""utils/tpu/tpu_pod.py: the systolic-array arithmetic against the datasheet peaks it explains, the
 XLA_FLAGS request, and JAX's own bytes per device."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from utils import tpu_pod
-from utils.accelerators import ACCELERATORS
+from utils.capacity.accelerators import ACCELERATORS
+from utils.tpu import tpu_pod
 
 
 def test_systolic_peak_is_macs_times_two_times_clock():
@@ -54,7 +54,7 @@ def test_jax_reports_the_bytes_a_layout_puts_on_each_device():
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from utils import xla  # noqa: F401  (asks for the CPU devices before JAX starts)
+    from utils.tpu import xla  # noqa: F401  (asks for the CPU devices before JAX starts)
 
     assert len(tpu_pod.host_devices(8)) == 8  # raises, in one line, when JAX started with fewer
     # 16 x 12 int8 = 192 bytes; rows over 'b' (4), columns over 'a' (2): 24 bytes on each of 8 devices
@@ -80,4 +80,4 @@ def test_too_few_devices_is_one_line(monkeypatch):
 
 def test_command_line_refuses_other_arguments(capsys):
     assert tpu_pod.main(["--what"]) == 2
-    assert "usage: python -m utils.tpu_pod --shard-bytes" in capsys.readouterr().err
+    assert "usage: python -m utils.tpu.tpu_pod --shard-bytes" in capsys.readouterr().err

@@ -1,12 +1,12 @@
-"""utils.trace_events on real trace formats (tests/data/traces) and malformed input, each read
-through to the summary (utils.profile_diagnosis) so a misread shows as a wrong number."""
+"""utils.diagnosis.trace_events on real trace formats (tests/data/traces) and malformed input, each read
+through to the summary (utils.diagnosis.profile_diagnosis) so a misread shows as a wrong number."""
 
 import pytest
 
 from tests.kineto_events import kernel, op, rt, step
-from utils import profile_diagnosis as D
-from utils import trace_events as TE
-from utils import trace_metrics as TM
+from utils.diagnosis import profile_diagnosis as D
+from utils.diagnosis import trace_events as TE
+from utils.diagnosis import trace_metrics as TM
 
 # ---------------------------------------------------------------- real trace formats (tests/data/traces)
 # Each fixture's format and source: tests/data/traces/README.md. Expected numbers are worked out

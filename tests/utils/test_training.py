@@ -1,4 +1,4 @@
-"""utils.training on CPU: loop configs, the naive and optimized loops, LoRA recipes and their memory account."""
+"""utils.train.training on CPU: loop configs, the naive and optimized loops, LoRA recipes and their memory account."""
 from __future__ import annotations
 
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from utils import training
+from utils.train import training
 
 
 def test_config_validation_and_tokens():
@@ -76,7 +76,7 @@ def test_qlora_falls_back_to_lora_without_a_gpu_and_says_so():
 
 
 def test_full_finetune_estimate_is_16_bytes_per_param_plus_activations():
-    from utils.models import preset_config
+    from utils.model.models import preset_config
 
     est = training.full_finetune_estimate(1_000_000, 1, 8, preset_config("llama-tiny"))
     states = est["weights_gib"] + est["gradients_gib"] + est["optimizer_gib"]

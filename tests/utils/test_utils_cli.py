@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from utils.env import repo_root
+from utils.course.env import repo_root
 
 
 def _run(*args):

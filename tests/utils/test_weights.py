@@ -1,4 +1,4 @@
-"""utils.weights and the real-weights path of utils.models and utils.model_dir, offline.
+"""utils.model.weights and the real-weights path of utils.model.models and utils.model.model_dir, offline.
 
 A tiny Llama is written into a temporary ``HF_HOME`` in the hub's own cache layout
 (``tests/hub_cache.py``) under a repository id; with ``HF_HUB_OFFLINE=1`` the labs' loaders must
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests import hub_cache
-from utils import model_dir as MD
-from utils import models as M
-from utils import weights as W
+from utils.model import model_dir as MD
+from utils.model import models as M
+from utils.model import weights as W
 
 REPO = hub_cache.TINY_REPO
 
@@ -230,7 +230,8 @@ def test_finetune_and_quantize_load_the_cached_checkpoint(hub):
     on the book's first blocks in its own tokenizer, and falls as the adapters fit that batch;
     the 16-bit reference of the comparison loads those weights and measures perplexity in that
     tokenizer too."""
-    from utils import quantize, training
+    from utils.model import quantize
+    from utils.train import training
 
     _, _, state = hub
     r = training.measure_finetune("llama-tiny", training.RECIPES["lora_bf16_lean"], 2, 32, steps=2, device="cpu")
@@ -260,7 +261,7 @@ def test_an_engine_serves_the_cached_checkpoint(hub, tmp_path):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from utils import loadgen, serve
+    from utils.serving import loadgen, serve
 
     d = MD.build_model_dir("llama-tiny", "fp32", root=tmp_path, device="cpu")
     tok = AutoTokenizer.from_pretrained(d)

@@ -1,11 +1,11 @@
-"""utils.xla: JAX compile counting, compile against run time, bucketing. JAX runs on the CPU here."""
+"""utils.tpu.xla: JAX compile counting, compile against run time, bucketing. JAX runs on the CPU here."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from utils import xla
+from utils.tpu import xla
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy

@@ -1,4 +1,4 @@
-"""utils/zero_memory.py: the bytes each rank holds under DDP, ZeRO-1 and FSDP2, counted on a real run.
+"""utils/parallel/zero_memory.py: the bytes each rank holds under DDP, ZeRO-1 and FSDP2, counted on a real run.
 
 One launch of the notebook's stack on two gloo processes (a module-scoped fixture, about 20 s on
 two busy cores): every rank's bytes equal what the stage's sharding implies, worked out here from
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from utils import launch
-from utils import zero_memory as Z
+from utils.parallel import launch
+from utils.parallel import zero_memory as Z
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """Lab 04's answers: per graded cell, the names the grader reads from the notebook and their types.
 
 The seam between the notebook and the grader (``grader/schema.py``). A load test crosses as the
-plain data ``utils.loadgen`` returns (its summary and every request's record, so the judges
+plain data ``utils.serving.loadgen`` returns (its summary and every request's record, so the judges
 recompute each summary from its requests); the workload as the fields of ``loadgen.Workload``.
 The cells whose functions are judged on hidden cases (``test_percentile``, ``test_metrics``,
 ``test_scrape``, ``test_gpu_limits``, ``test_gpu_pod``, ``test_time_slicing``) read nothing here:
@@ -38,7 +38,7 @@ class Rate(Spec):
 
 
 STATS = Fields({k: Nullable(Number("ms")) for k in ("mean", "p50", "p90", "p95", "p99", "min", "max")},
-               label="a latency summary of utils.loadgen (mean, p50 ... p99, min, max in ms)")
+               label="a latency summary of utils.serving.loadgen (mean, p50 ... p99, min, max in ms)")
 # loadgen.Workload's fields (the dataclass, or a result's ``workload``: Workload.describe()); the
 # fields that say nothing about the load (api_key, extra_body, the client's own thresholds) are dropped
 WORKLOAD = Fields({"base_url": Text(), "model": Text(), "num_requests": Count(1), "input_len": Count(1),
@@ -47,12 +47,12 @@ WORKLOAD = Fields({"base_url": Text(), "model": Text(), "num_requests": Count(1)
                    "tokenizer": Nullable(Text()), "seed": Nullable(Count()), "timeout_s": Number("s", positive=True),
                    "max_duration_s": Nullable(Number("s", positive=True)), "fixed_output": Flag(),
                    "slo_ms": DictOf(Text(), Number("ms")), "probe": Flag()},
-                  label="a utils.loadgen.Workload")
+                  label="a utils.serving.loadgen.Workload")
 REQUEST = Fields({"index": Count(), "scheduled_s": Nullable(Number("s")), "sent_s": Nullable(Number("s")),
                   "done_s": Nullable(Number("s")), "ttft_s": Nullable(Number("s")), "e2el_s": Nullable(Number("s")),
                   "itl_s": ListOf(Number("s")), "output_tokens": Count(), "tokens_from_usage": Flag(),
                   "prompt_tokens": Nullable(Count()), "ok": Flag(), "reason": Text(), "detail": Text()},
-                 label="one request's record (utils.loadgen.RequestRecord.to_dict)")
+                 label="one request's record (utils.serving.loadgen.RequestRecord.to_dict)")
 GOODPUT = Fields({"slo_ms": DictOf(Text(), Number("ms")), "good_requests": Count(),
                   "request_goodput": Number("req/s", at_least=0.0), "fraction_of_completed": Nullable(Number(at_least=0.0))},
                  label="a run's goodput")
@@ -60,9 +60,9 @@ RUN = Fields({"label": Text(), "workload": WORKLOAD, "completed": Count(), "fail
               "not_sent": Count(), "duration_s": Number("s", at_least=0.0),
               "request_throughput": Number("req/s", at_least=0.0), **{m: STATS for m in METRICS},
               "goodput": Nullable(GOODPUT), "requests": ListOf(REQUEST, min_len=1)},
-             optional=("goodput",), label="a result of utils.loadgen.run")
+             optional=("goodput",), label="a result of utils.serving.loadgen.run")
 SWEEP = Fields({"sweep": Flag(), "workload": WORKLOAD, "runs": ListOf(RUN, min_len=1)},
-               label="what utils.loadgen.sweep returns")
+               label="what utils.serving.loadgen.sweep returns")
 CHOICE = Fields({"config": Text(), "goodput_rps": Number("req/s", at_least=0.0), "p95_e2el_ms": Nullable(Number("ms")),
                  "why": Text()}, label="a dict with config, goodput_rps, p95_e2el_ms and why")
 RATE = Number("req/s", positive=True)

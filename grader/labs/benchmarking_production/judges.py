@@ -7,11 +7,11 @@ because what they run is the learner's workload at the learner's operating rate 
 
 - ``test_percentile``, ``test_metrics``: the learner's ``percentile`` and ``latency_metrics`` on
   lists and request traces drawn from the grading run's secret seed, in a sandbox where the course's
-  own percentile and TTFT/TPOT/ITL code (``utils.loadgen.metrics``, ``utils.loadgen.trace``,
-  ``utils.timing._quantile``) is a tripwire; the expected values are numpy's percentile and
-  ``utils.loadgen.summarize``, here.
+  own percentile and TTFT/TPOT/ITL code (``utils.serving.loadgen.metrics``, ``utils.serving.loadgen.trace``,
+  ``utils.measure.timing._quantile``) is a tripwire; the expected values are numpy's percentile and
+  ``utils.serving.loadgen.summarize``, here.
 - ``test_workload``: ``WORKLOAD``'s fields against the course's rules for this tier, and the sweep
-  (every summary recomputed from its own requests, every step the one ``utils.loadgen.sweep``
+  (every summary recomputed from its own requests, every step the one ``utils.serving.loadgen.sweep``
   runs there, its rates where it puts them), its SLOs against the unloaded latency the learner's
   own runs show; those runs no faster than the grader's own engine one request at a time (from a
   record: than the card can read the weights once per token).
@@ -28,7 +28,7 @@ because what they run is the learner's workload at the learner's operating rate 
 - ``test_scrape``: the learner's ``scrape`` against a page of seed-drawn samples the grader serves
   on a loopback port from its own process, compared with prometheus_client's parse of it.
 - ``test_gpu_limits``, ``test_gpu_pod``, ``test_time_slicing``: the learner's functions on
-  manifests and arguments drawn from the seed; their outputs checked by ``utils.k8s_gpu`` here.
+  manifests and arguments drawn from the seed; their outputs checked by ``utils.production.k8s_gpu`` here.
 """
 from __future__ import annotations
 
@@ -46,16 +46,23 @@ from grader.expect import Fail, approx, cases, close, equal
 from grader.judging import Check
 from grader.labs.benchmarking_production.answers import METRICS, SLO_KEYS
 from grader.measuring import Measured
-from utils import k8s_gpu
-from utils.dcgm_metrics import render
-from utils.exporter import MetricsServer
-from utils.loadgen import RequestRecord, summarize
-from utils.loadgen.trace import records_from_trace
-from utils.operating_point import CHOICE_TIE, HEADROOM, MIN_GOOD_FRACTION, SLO_FLOOR_MS, candidate_row, step_rate
+from utils.capacity.operating_point import (
+    CHOICE_TIE,
+    HEADROOM,
+    MIN_GOOD_FRACTION,
+    SLO_FLOOR_MS,
+    candidate_row,
+    step_rate,
+)
+from utils.production import k8s_gpu
+from utils.production.dcgm_metrics import render
+from utils.production.exporter import MetricsServer
+from utils.serving.loadgen import RequestRecord, summarize
+from utils.serving.loadgen.trace import records_from_trace
 from utils.units import transfer_ms
 
 STATS = ("mean", "p50", "p90", "p95", "p99")  # what latency_metrics returns per metric
-ROUNDING_MS = 1e-4  # utils.loadgen rounds milliseconds to 4 decimals
+ROUNDING_MS = 1e-4  # utils.serving.loadgen rounds milliseconds to 4 decimals
 TRACE_TOL_MS = 2e-3  # a summary against its own trace: the trace keeps microseconds
 DURATION_SLACK_S = 2.0  # a run ends this long after its last request at most (plus 25%), unless stopped
 SLO_MAX_FACTOR = 20.0  # an SLO above 20x the unloaded p50 says nothing about the engine (floor: SLO_FLOOR_MS)
@@ -64,10 +71,10 @@ SLO_MAX_FACTOR = 20.0  # an SLO above 20x the unloaded p50 says nothing about th
 MATCH_KEYS = ("base_url", "model", "endpoint", "num_requests", "input_len", "output_len", "arrival", "burstiness",
               "stream", "dataset", "tokenizer", "seed", "slo_ms", "fixed_output", "max_duration_s")
 SERVER_KEYS = ("base_url", "model", "tokenizer")  # what differs between candidates on other servers
-TRACE_FORBID = ("utils.loadgen.metrics:stats_ms", "utils.loadgen.metrics:summarize",
-                "utils.loadgen.trace:records_from_trace", "utils.timing:_quantile")
-CAPACITY_FORBID = ("utils.operating_point:step_rate", f"{__name__}:reference_capacity")
-K8S_FORBID = ("utils.k8s_gpu:pod_spec", "utils.k8s_gpu:gpu_count", f"{__name__}:reference_gpu_limits")
+TRACE_FORBID = ("utils.serving.loadgen.metrics:stats_ms", "utils.serving.loadgen.metrics:summarize",
+                "utils.serving.loadgen.trace:records_from_trace", "utils.measure.timing:_quantile")
+CAPACITY_FORBID = ("utils.capacity.operating_point:step_rate", f"{__name__}:reference_capacity")
+K8S_FORBID = ("utils.production.k8s_gpu:pod_spec", "utils.production.k8s_gpu:gpu_count", f"{__name__}:reference_gpu_limits")
 PERCENTILE_RULE = ("sort the values; rank r = p / 100 x (n - 1); interpolate linearly between the values at floor(r) "
                    "and ceil(r) (numpy's default)")
 METRICS_RULE = ("over the completed requests (ok) only: TTFT = first chunk - sent; E2EL = end - sent; TPOT = (E2EL - "
@@ -133,7 +140,7 @@ def trace_cases(rng, ctx) -> list:
 
 
 def random_sweep(rng, nothing_qualifies: bool = False) -> dict:
-    """A sweep in ``utils.loadgen.sweep``'s shape: rates that meet the SLO and some that do not, at
+    """A sweep in ``utils.serving.loadgen.sweep``'s shape: rates that meet the SLO and some that do not, at
     and next to the threshold, steps cut short (not every request completed)."""
     num = rng.choice((8, 12, 16))
     sync = round(rng.uniform(0.5, 20.0), 4)
@@ -229,7 +236,7 @@ def parse_page(text: str) -> dict:
 
 
 def scrape_cases(rng, ctx) -> list:
-    """Serve a page of drawn samples on a loopback port from this process (``utils.exporter``'s
+    """Serve a page of drawn samples on a loopback port from this process (``utils.production.exporter``'s
     server); the case is its URL, and the grader's parse of the page waits here for the judge."""
     registry = CollectorRegistry()
     registry.register(_Page(rng))
@@ -359,7 +366,7 @@ def reference_gpu_limits(docs: list) -> dict:
 
 
 def reference_metrics(trace: list[dict]) -> dict:
-    """TTFT, TPOT, ITL and E2EL statistics of a trace, by ``utils.loadgen.summarize``."""
+    """TTFT, TPOT, ITL and E2EL statistics of a trace, by ``utils.serving.loadgen.summarize``."""
     s = summarize(records_from_trace(trace), duration_s=max((t["end_s"] for t in trace), default=0.0))
     return {m: {k: s[m][k] for k in STATS} for m in METRICS}
 
@@ -405,7 +412,7 @@ def metrics(a, ref):
     if wrong:
         raise Fail(f"latency_metrics disagreed with the definitions on {wrong} of {len(results)} hidden traces (first: "
                    f"{first}). The definitions: {METRICS_RULE}")
-    return [f"latency_metrics: right on all {len(results)} hidden traces (within the {ROUNDING_MS:g} ms utils.loadgen "
+    return [f"latency_metrics: right on all {len(results)} hidden traces (within the {ROUNDING_MS:g} ms utils.serving.loadgen "
             "rounds to)"]
 
 
@@ -515,7 +522,7 @@ def time_slicing(a, ref):
 # -- a load test's result: consistent with its own requests, and the load it claims -----------------------
 
 def _recompute(run: dict) -> dict:
-    """The run's summary from its own requests, with its workload's SLOs (as ``utils.loadgen.run`` does)."""
+    """The run's summary from its own requests, with its workload's SLOs (as ``utils.serving.loadgen.run`` does)."""
     w = run["workload"]
     return summarize([RequestRecord.from_dict(r) for r in run["requests"]], duration_s=run["duration_s"],
                      slo=w["slo_ms"] or None, concurrency=w["concurrency"], request_rate=w["request_rate"])
@@ -562,7 +569,7 @@ def consistent(run: dict, what: str) -> None:
 def _same_load(w: dict, desc: dict, what: str, keys: tuple = MATCH_KEYS) -> None:
     for k in keys:
         if k == "seed" and desc.get(k) is None and isinstance(w.get(k), int):
-            continue  # no seed set: each run draws its own and records it (utils/loadgen/workloads.py)
+            continue  # no seed set: each run draws its own and records it (utils/serving/loadgen/workloads.py)
         if w.get(k) != desc.get(k):
             raise Fail(f"{what} ran {k}={w.get(k)!r:.80}, but WORKLOAD has {desc.get(k)!r:.80}: not the workload you "
                        "defined (re-run it after changing WORKLOAD)")
@@ -598,7 +605,7 @@ def slo_bounds(p50_ms: float) -> tuple[float, float]:
 
 
 def sweep_ran(sweep: dict, desc: dict, points: int, first: dict | None = None) -> list[float]:
-    """``sweep`` is ``utils.loadgen.sweep(WORKLOAD, points=points)``, unedited, and the SLOs are
+    """``sweep`` is ``utils.serving.loadgen.sweep(WORKLOAD, points=points)``, unedited, and the SLOs are
     attainable without load and meaningful under it; returns the unloaded TTFT/TPOT/E2EL p50s.
 
     The unloaded latency is the sweep's synchronous step and ``first``, the notebook's own
@@ -607,10 +614,10 @@ def sweep_ran(sweep: dict, desc: dict, points: int, first: dict | None = None) -
     other), so an SLO passes if it is at least the lower p50 and at most :data:`SLO_MAX_FACTOR`
     times the higher: the learner is judged on a run they saw."""
     if not sweep["sweep"]:
-        raise Fail("sweep_result must be what utils.loadgen.sweep returns")
+        raise Fail("sweep_result must be what utils.serving.loadgen.sweep returns")
     runs = sweep["runs"]
     if len(runs) != points + 2:
-        raise Fail(f"the sweep has {len(runs)} steps; utils.loadgen.sweep(WORKLOAD, points={points}) has {points + 2} "
+        raise Fail(f"the sweep has {len(runs)} steps; utils.serving.loadgen.sweep(WORKLOAD, points={points}) has {points + 2} "
                    f"(synchronous, throughput, {points} rates)")
     _same_load(sweep["workload"], desc, "the sweep")
     for i, run in enumerate(runs):
@@ -619,13 +626,13 @@ def sweep_ran(sweep: dict, desc: dict, points: int, first: dict | None = None) -
         conc, rate = run["workload"]["concurrency"], run["workload"]["request_rate"]
         want = (1, "inf") if i == 0 else (None, "inf") if i == 1 else (None, "finite")
         if (conc, "inf" if math.isinf(rate) else "finite") != want:
-            raise Fail(f"{what}: concurrency {conc}, rate {rate}: not the step utils.loadgen.sweep runs there")
+            raise Fail(f"{what}: concurrency {conc}, rate {rate}: not the step utils.serving.loadgen.sweep runs there")
         consistent(run, what)
     lo, hi = runs[0]["request_throughput"], runs[1]["request_throughput"]
     rates = [float(x) for x in np.linspace(lo, hi, points + 2)[1:-1]]
     for run, want in zip(runs[2:], rates, strict=True):
         if not math.isclose(run["workload"]["request_rate"], want, rel_tol=1e-9):
-            raise Fail(f"sweep step {run['label']!r} ran at {run['workload']['request_rate']:.6g} req/s; utils.loadgen.sweep "
+            raise Fail(f"sweep step {run['label']!r} ran at {run['workload']['request_rate']:.6g} req/s; utils.serving.loadgen.sweep "
                        f"spaces its rates evenly between the synchronous and throughput steps' ({lo:.4g} and {hi:.4g} "
                        f"req/s), so {want:.6g} req/s there: edited results")
     unloaded = [runs[0]]

@@ -1,14 +1,14 @@
 """Lab 04's plan: ``parts`` (what runs on a card), ``moments`` (memory peaks), ``MEASURED_PEAKS``."""
 from __future__ import annotations
 
-from utils.lab_memory import Context, Moment, Other, engine_gib, serve_gib
-from utils.tier_plan import FP8_W8A8_MIN, REHEARSED_T4, T4_HOW, T4_RUN, Card, MeasuredPeak, card_dtype
+from utils.course.lab_memory import Context, Moment, Other, engine_gib, serve_gib
+from utils.course.tier_plan import FP8_W8A8_MIN, REHEARSED_T4, T4_HOW, T4_RUN, Card, MeasuredPeak, card_dtype
 
 ASSIGNMENT = "04_benchmarking_production"
 
 
 def moments(s, c: Context) -> list[Moment]:
-    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.lab_memory.Context``)."""
+    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.course.lab_memory.Context``)."""
     kv_tokens = s.num_requests * s.max_len
     if c.vllm:
         share = engine_gib(c.engine_share * c.card_gib)
@@ -21,7 +21,7 @@ def moments(s, c: Context) -> list[Moment]:
 
 def parts(card: Card, s, ok: bool, why: str):
     """``(runs, skipped, dtype, compiled, compile note)`` of this lab on ``card`` at sizes ``s``; ``ok, why``:
-    whether ``torch.compile`` runs there (``utils.tier_plan.compile_support``)."""
+    whether ``torch.compile`` runs there (``utils.course.tier_plan.compile_support``)."""
     d = card_dtype(card)
     skipped = {}
     vllm = card.at_least((7, 0)) and not card.lacks("vllm")

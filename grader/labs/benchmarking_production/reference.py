@@ -2,7 +2,7 @@
 
 :func:`measure` (live) starts, in the grader's process after the notebook's kernel and every engine
 it started are gone, the same engine on the same model directory the notebook's locked ``engine``
-cell starts (``utils.serve``, ``utils.serve.default_engine()``: vLLM where it runs, else
+cell starts (``utils.serving.serve``, ``utils.serving.serve.default_engine()``: vLLM where it runs, else
 ``transformers serve``), warms it with one burst of requests, and hands the judges a
 :class:`Reference` that runs loads on it. The engine the kernel started is never used: the notebook
 could have replaced it, or the directory it serves.
@@ -31,12 +31,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
-from utils import loadgen, serve
-from utils.models import preset_config
+from utils.model.models import preset_config
+from utils.serving import loadgen, serve
 
 RERUNS = 3  # the grader's runs at the operating rate, per comparison: the band is 3x their spread
 SYNC_REQUESTS = 4  # the grader's requests one at a time, where their latency is the engine's own speed
-GPU_WEIGHT_BYTES = 2  # the lab's engines serve bf16 or fp16 on a GPU (utils.model_dir.default_dtype)
+GPU_WEIGHT_BYTES = 2  # the lab's engines serve bf16 or fp16 on a GPU (utils.model.model_dir.default_dtype)
 _ENGINES: dict = {}  # (engine, device, preset) -> the running Server, or the error its start raised
 _WARM: set = set()  # engines that have had their warm-up burst
 _PARAMS: dict = {}  # preset -> parameter count

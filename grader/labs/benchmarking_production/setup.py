@@ -1,8 +1,8 @@
-"""Lab 04's install needs: what its setup cell (``utils.bootstrap.setup("04_benchmarking_production", ...)``) installs
+"""Lab 04's install needs: what its setup cell (``utils.course.bootstrap.setup("04_benchmarking_production", ...)``) installs
 when the runtime lacks it, beyond what every lab imports, and the optional packages it runs without."""
 from __future__ import annotations
 
-from utils.bootstrap import Extra, LabNeeds
+from utils.course.bootstrap import Extra, LabNeeds
 
 NEEDS = LabNeeds(
     {"aiohttp": "aiohttp", "prometheus_client": "prometheus_client", "yaml": "pyyaml"},

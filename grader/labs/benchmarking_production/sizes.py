@@ -10,7 +10,7 @@ ASSIGNMENT = "04_benchmarking_production"
 
 @dataclass(frozen=True)
 class Phase4Sizes(PrintsPlan):
-    model: str  # the served preset (utils.serve.build_model_dir): its real checkpoint, or random weights offline
+    model: str  # the served preset (utils.serving.serve.build_model_dir): its real checkpoint, or random weights offline
     num_requests: int  # per load run: every sweep step, the operating-point run, the grader's re-runs
     input_len: int  # the course's default prompt length (tokens of the served model's tokenizer)
     output_len: int  # the course's default output length (the served model never stops early)

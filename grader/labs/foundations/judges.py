@@ -13,8 +13,8 @@ import math
 from grader.expect import RuleFail, approx, cases, close, equal, label, not_above, positive
 from grader.judging import Check
 from grader.labs.foundations.answers import KERNELS, LABELS, ROOFS
-from utils import matmul_sweep
-from utils.flops import (
+from utils.measure import matmul_sweep
+from utils.measure.flops import (
     attainable_tflops,
     batch_scaling,
     bound,
@@ -24,15 +24,15 @@ from utils.flops import (
     ridge_point,
     step_bound,
 )
-from utils.memory import bytes_per_dtype
-from utils.models import preset_config
+from utils.measure.memory import bytes_per_dtype
+from utils.model.models import preset_config
 from utils.units import gb_per_s, tflop_per_s
 
 THIN_DIVISOR = 32  # the thin matmul is (n x n/32) @ (n/32 x n): its intensity sits near a GPU's ridge
-FORMULAS = ("utils.flops:arithmetic_intensity", "utils.units:tflop_per_s", "utils.units:gb_per_s",
-            "utils.flops:bound", "utils.flops:attainable_tflops", "utils.flops:ridge_point",
-            "utils.flops:roofline_fraction", "utils.flops:step_bound")
-QUANTIZATION = tuple(f"utils.matmul_sweep:{f}" for f in (
+FORMULAS = ("utils.measure.flops:arithmetic_intensity", "utils.units:tflop_per_s", "utils.units:gb_per_s",
+            "utils.measure.flops:bound", "utils.measure.flops:attainable_tflops", "utils.measure.flops:ridge_point",
+            "utils.measure.flops:roofline_fraction", "utils.measure.flops:step_bound")
+QUANTIZATION = tuple(f"utils.measure.matmul_sweep:{f}" for f in (
     "quantization", "predicted_slow", "useful_fraction", "output_tiles", "waves", "wave_efficiency",
     "tile_efficiency", "aligned"))
 
@@ -127,7 +127,7 @@ def quantization(a, ref):
 def _timing(t: dict, name: str) -> float:
     if not t["p20_ms"] <= t["median_ms"] <= t["p80_ms"]:
         raise RuleFail(f"{name}: p20 {t['p20_ms']:.4g} <= median {t['median_ms']:.4g} <= p80 {t['p80_ms']:.4g} ms does not "
-                   "hold: not a timing from utils.timing.benchmark")
+                   "hold: not a timing from utils.measure.timing.benchmark")
     return t["median_ms"]
 
 
@@ -299,7 +299,7 @@ def limiter(a, ref):
         notes.append(ref.against("matmul", peak, "TRAIN_PEAK_TFLOPS (your measured matmul)", "TFLOP/s"))
     if ref.step_bytes is not None:
         close(a.STEP_BYTES, ref.step_bytes, "STEP_BYTES", "the bytes one step's operations read and write, counted by "
-              "utils.step_traffic", rel=1e-3)
+              "utils.measure.step_traffic", rel=1e-3)
     else:
         least = 16 * non_embedding_params_from_config(preset_config(s.model))
         if a.STEP_BYTES < least:

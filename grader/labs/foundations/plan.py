@@ -1,15 +1,15 @@
 """Lab 00's plan: ``parts`` (what runs on a card), ``moments`` (memory peaks), ``MEASURED_PEAKS``."""
 from __future__ import annotations
 
-from utils.lab_memory import FLUSH_GIB, Context, Moment, gib_of, shape, train_gib
-from utils.tier_plan import H100_HOW, H100_NO_VLLM, REHEARSED_T4, T4_FP16, T4_HOW, Card, MeasuredPeak, card_dtype
+from utils.course.lab_memory import FLUSH_GIB, Context, Moment, gib_of, shape, train_gib
+from utils.course.tier_plan import H100_HOW, H100_NO_VLLM, REHEARSED_T4, T4_FP16, T4_HOW, Card, MeasuredPeak, card_dtype
 
 ASSIGNMENT = "00_foundations"
 
 
 def moments(s, c: Context) -> list[Moment]:
-    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.lab_memory.Context``)."""
-    from utils.matmul_sweep import sweep_shapes
+    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.course.lab_memory.Context``)."""
+    from utils.measure.matmul_sweep import sweep_shapes
 
     matmul = gib_of(3 * s.matmul_n**2 * 2) + FLUSH_GIB
     copy = gib_of(2 * s.elementwise_numel * 4)
@@ -31,7 +31,7 @@ def moments(s, c: Context) -> list[Moment]:
 
 def parts(card: Card, s, ok: bool, why: str):
     """``(runs, skipped, dtype, compiled, compile note)`` of this lab on ``card`` at sizes ``s``; ``ok, why``:
-    whether ``torch.compile`` runs there (``utils.tier_plan.compile_support``)."""
+    whether ``torch.compile`` runs there (``utils.course.tier_plan.compile_support``)."""
     d = card_dtype(card)
     runs = [f"matmul {s.matmul_n}^3 in {d}, copy and x + 1 over {s.elementwise_numel:,} fp32 elements, "
             f"{s.tiny_ops:,} tiny ops", f"{s.model} training in fp32, batch {s.batch_size} x {s.seq_len}, "

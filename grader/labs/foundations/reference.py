@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from grader.measuring import Measured, timed
-from utils import matmul_sweep
-from utils.models import build_model, get_tokenizer, token_batches
-from utils.step_traffic import count_bytes
+from utils.measure import matmul_sweep
+from utils.measure.step_traffic import count_bytes
+from utils.model.models import build_model, get_tokenizer, token_batches
 from utils.units import gb_per_s, tflop_per_s
 
 CPU_TFLOPS_CAP = 50.0  # estimate: no CPU socket comes near 50 fp32 TFLOP/s, so a CPU figure above it is invented

@@ -16,7 +16,7 @@ class Phase0Sizes(PrintsPlan):
     train_steps: int
     batch_size: int
     seq_len: int
-    model: str  # config name in utils/models.py
+    model: str  # config name in utils/model/models.py
 
 
 BY_TIER = {

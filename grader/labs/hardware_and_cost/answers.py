@@ -2,7 +2,7 @@
 
 The seam between the notebook and the grader (``grader/schema.py``): each value crosses as JSON and
 is checked against its spec before any judge sees it. Course objects cross as their fields (a
-``utils.cost.Candidate``, a ``RightSizing``, an ``accelerators.SloChoice``, a ``TimingResult``);
+``utils.capacity.cost.Candidate``, a ``RightSizing``, an ``accelerators.SloChoice``, a ``TimingResult``);
 a ``PartitionSpec`` as whether it is one and its entries. Cells whose functions are judged on hidden
 cases read nothing here for those functions: the grader runs them in a sandbox (``judges.py``).
 """
@@ -59,9 +59,9 @@ def _spec(name: str) -> Answer:
 
 
 CANDIDATE = Fields({"name": Text(), "usd_per_gpu_hour": Number("$/GPU-hour"), "throughput_per_s": Number("tokens/s"),
-                    "latency_ms": Number("ms"), "basis": Text()}, label="a utils.cost.Candidate")
+                    "latency_ms": Number("ms"), "basis": Text()}, label="a utils.capacity.cost.Candidate")
 RIGHT_SIZING = Fields({"choice": CANDIDATE, "n_gpus": Count(1), "usd_per_hour": Number("$/hour")},
-                      label="what utils.cost.right_size returns")
+                      label="what utils.capacity.cost.right_size returns")
 SLO_OPTION = Fields({"accelerator": Text(), "scaled_tpot_ms": Number("ms"), "tokens_per_s_per_device": Number("tokens/s"),
                      "devices": Count(1), "usd_per_device_hour": Number("$/hour"), "monthly_cost_usd": Number("$")},
                     label="an accelerators.SloOption")

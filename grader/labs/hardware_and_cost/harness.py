@@ -7,10 +7,10 @@ claim the judge checks (``judges.py``); none of it decides a grade by itself.
   learner's ``capture_rng_state`` and ``restore_rng_state``, in two processes. The interrupted run
   (:func:`victim`) runs in the grader's hidden-cases sandbox: it trains up to the step the grader
   drew from its secret seed, writing a checkpoint every ``checkpoint_every`` steps as the course's
-  loop does (``utils.checkpointed_run.train``), and stops there; the grader then SIGKILLs that
+  loop does (``utils.train.checkpointed_run.train``), and stops there; the grader then SIGKILLs that
   process with everything else it held. The resume (:func:`resume`) runs in a fresh sandbox
   process: it loads the newest checkpoint, restores the learner's RNG state and finishes the run.
-  Its final state's digests (``utils.checkpoint.state_digests``) are compared by the judge with the
+  Its final state's digests (``utils.train.checkpoint.state_digests``) are compared by the judge with the
   grader's own uninterrupted run of the course's loop (``reference.py``). The checkpoints are
   ``torch.save`` files rather than DCP folders: DCP renames its ``.metadata`` file into place, and a
   sandbox that forbids the course's RNG functions refuses renames (``grader/sandbox.py``); what is
@@ -38,12 +38,12 @@ import transformers.models.gpt2.modeling_gpt2  # noqa: F401  (build_model's mode
 from jax.sharding import PartitionSpec
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401  (and the tokenizer's)
 
-from utils import (
+from utils.tpu import (
     tpu_pod,
     xla,  # noqa: F401  (asks XLA for the CPU devices before anything starts JAX)
 )
-from utils.checkpoint import state_digests
-from utils.checkpointed_run import RunConfig, _set_determinism, build, train_step
+from utils.train.checkpoint import state_digests
+from utils.train.checkpointed_run import RunConfig, _set_determinism, build, train_step
 
 CHECKPOINT_FILE = "checkpoint.pt"
 NONDETERMINISTIC = "does not have a deterministic implementation"  # torch's warning under warn_only determinism

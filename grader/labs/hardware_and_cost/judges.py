@@ -44,11 +44,13 @@ from grader.labs.hardware_and_cost.rules import (
     topology_cases,
     victim_cases,
 )
-from utils import accelerators, cost, topology, xla
-from utils.checkpoint import COMPONENTS
-from utils.flops import flops_per_token_from_config
-from utils.inference import estimate_tpot_ms
-from utils.models import preset_config
+from utils.capacity import accelerators, cost
+from utils.device import topology
+from utils.measure.flops import flops_per_token_from_config
+from utils.model.models import preset_config
+from utils.serving.inference import estimate_tpot_ms
+from utils.tpu import xla
+from utils.train.checkpoint import COMPONENTS
 from utils.units import gb_per_s, tflop_per_s
 
 VICTIM = "_gpulab_resume_victim"  # the interrupted run, defined by SETUP in the hidden-cases sandbox
@@ -64,7 +66,7 @@ def {VICTIM}(kill_after_step, run_dir, config):
 def {SHARDED}(x, w, mesh_shape, x_spec, w_spec):
     return _gpulab_harness.sharded_case(globals(), x, w, mesh_shape, x_spec, w_spec)
 '''
-RNG = ("utils.checkpoint:capture_rng_state", "utils.checkpoint:restore_rng_state")
+RNG = ("utils.train.checkpoint:capture_rng_state", "utils.train.checkpoint:restore_rng_state")
 
 
 # -- shared arithmetic -------------------------------------------------------------------------------
@@ -72,7 +74,7 @@ RNG = ("utils.checkpoint:capture_rng_state", "utils.checkpoint:restore_rng_state
 def _timing(t: dict, name: str) -> float:
     if not t["p20_ms"] <= t["median_ms"] <= t["p80_ms"]:
         raise Fail(f"{name}: p20 {t['p20_ms']:.4g} <= median {t['median_ms']:.4g} <= p80 {t['p80_ms']:.4g} ms does not "
-                   "hold: not a timing from utils.timing")
+                   "hold: not a timing from utils.measure.timing")
     return positive(t["median_ms"], f"{name} median_ms")
 
 
@@ -365,7 +367,7 @@ def recompiles(a, ref):
     c, r, e = (positive(v, k) for v, k in ((a.compile_ms, "compile_ms"), (a.run_ms, "run_ms"), (a.eager_ms, "eager_ms")))
     if c <= r:
         raise Fail(f"compile_ms ({c:.3g}) <= run_ms ({r:.3g}): an XLA compile takes longer than a run of the program it "
-                   "makes; measure the compile of a fresh jit (utils.xla.compile_vs_run)")
+                   "makes; measure the compile of a fresh jit (utils.tpu.xla.compile_vs_run)")
     want = xla.break_even_calls(c, e - r)
     if math.isinf(want) != math.isinf(a.break_even_calls) or (math.isfinite(want) and not math.isclose(
             a.break_even_calls, want, rel_tol=1e-6)):
@@ -456,27 +458,27 @@ def shard_bytes(a, ref):
 _SANDBOXED = dict(setup=SETUP, imports=(HARNESS,))
 
 CHECKS = [
-    Check("test_speedup", speedup, calls={"attainable_speedup": speedup_cases}, forbid=("utils.flops:attainable_tflops",)),
+    Check("test_speedup", speedup, calls={"attainable_speedup": speedup_cases}, forbid=("utils.measure.flops:attainable_tflops",)),
     Check("test_points", points, measures=("points",)),
     Check("test_cost_functions", cost_functions, calls={"cost_per_sample_usd": rate_cases,
                                                        "cost_per_million_tokens_usd": rate_cases},
-          forbid=("utils.cost:cost_per_sample_usd", "utils.cost:cost_per_million_tokens_usd")),
+          forbid=("utils.capacity.cost:cost_per_sample_usd", "utils.capacity.cost:cost_per_million_tokens_usd")),
     Check("test_measured_costs", measured_costs, measures=("train", "decode")),
     Check("test_right_sizing", right_sizing, calls={"estimate_tpot_ms": estimate_cases},
-          forbid=("utils.inference:estimate_tpot_ms",), measures=("decode", "points")),
+          forbid=("utils.serving.inference:estimate_tpot_ms",), measures=("decode", "points")),
     Check("test_beyond_gpus", beyond_gpus, measures=("decode",)),
     Check("test_resume", resume, calls={VICTIM: victim_cases}, forbid=RNG, measures=("resume",),
           harness=f"{HARNESS}:resume", harness_params=resume_params, timeout_s=600.0, **_SANDBOXED),
     Check("test_checkpoint_overhead", checkpoint_overhead, calls={"checkpoint_overhead_pct": overhead_cases},
           measures=("checkpoint",), strict=True),
     Check("test_spot", spot, calls={"spot_expected_cost_usd": spot_cases},
-          forbid=tuple(f"utils.cost:{f}" for f in ("spot_job", "on_demand_job", "compare_spot_on_demand",
+          forbid=tuple(f"utils.capacity.cost:{f}" for f in ("spot_job", "on_demand_job", "compare_spot_on_demand",
                                                     "break_even_preemptions_per_h"))),
     Check("test_recompiles", recompiles, calls={"bucket_length": bucket_cases},
-          forbid=("utils.xla:bucket_length", "utils.xla:padded_fraction"), measures=("xla",)),
-    Check("test_topology", slowest, calls={"slowest_gpu_link": topology_cases}, forbid=("utils.topology:slowest_gpu_link",)),
+          forbid=("utils.tpu.xla:bucket_length", "utils.tpu.xla:padded_fraction"), measures=("xla",)),
+    Check("test_topology", slowest, calls={"slowest_gpu_link": topology_cases}, forbid=("utils.device.topology:slowest_gpu_link",)),
     Check("test_pod_sharding", pod_sharding, calls={SHARDED: sharded_cases}, strict=True, **_SANDBOXED),
     Check("test_shard_bytes", shard_bytes, calls={"per_device_bytes": shard_bytes_cases},
-          forbid=tuple(f"utils.tpu_pod:{f}" for f in ("jax_shard_bytes", "jax_shard_bytes_many", "layout")),
+          forbid=tuple(f"utils.tpu.tpu_pod:{f}" for f in ("jax_shard_bytes", "jax_shard_bytes_many", "layout")),
           imports=(HARNESS,)),
 ]

@@ -1,7 +1,7 @@
 """Lab 05's plan: ``parts`` (what runs on a card), ``moments`` (memory peaks), ``MEASURED_PEAKS``."""
 from __future__ import annotations
 
-from utils.lab_memory import (
+from utils.course.lab_memory import (
     FLUSH_GIB,
     Context,
     Moment,
@@ -13,13 +13,13 @@ from utils.lab_memory import (
     train_gib,
     weights_gib,
 )
-from utils.tier_plan import H100_HOW, H100_NO_VLLM, REHEARSED_T4, T4_FP16, T4_HOW, Card, MeasuredPeak, card_dtype
+from utils.course.tier_plan import H100_HOW, H100_NO_VLLM, REHEARSED_T4, T4_FP16, T4_HOW, Card, MeasuredPeak, card_dtype
 
 ASSIGNMENT = "05_hardware_and_cost"
 
 
 def moments(s, c: Context) -> list[Moment]:
-    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.lab_memory.Context``)."""
+    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.course.lab_memory.Context``)."""
     points = gib_of(3 * s.matmul_n**2 * 2 + 2 * s.copy_numel * 4) + FLUSH_GIB
     resident = points + states_gib(s.model) + weights_gib(s.model, 4)  # train model + AdamW, decode model
     train = train_gib(s.model, s.train_batch, s.seq_len, "fp32") - states_gib(s.model)
@@ -27,7 +27,7 @@ def moments(s, c: Context) -> list[Moment]:
         + forward_gib(s.model, max(s.decode_batches), 4)
     ckpt = train_gib(s.ckpt_model, s.ckpt_batch, s.ckpt_seq_len, "fp32")
     run = Other("checkpointed run", ckpt)
-    # utils.kill_harness.kill_and_resume empties the notebook's cache first, then runs the reference
+    # utils.train.kill_harness.kill_and_resume empties the notebook's cache first, then runs the reference
     # and the run it kills side by side (the resuming process starts its CUDA work after the kill)
     return [Moment(f"training step, fp32, batch {s.train_batch} x {s.seq_len}", resident + train),
             Moment(f"decode at batch {max(s.decode_batches)}", resident + decode),
@@ -38,7 +38,7 @@ def moments(s, c: Context) -> list[Moment]:
 
 def parts(card: Card, s, ok: bool, why: str):
     """``(runs, skipped, dtype, compiled, compile note)`` of this lab on ``card`` at sizes ``s``; ``ok, why``:
-    whether ``torch.compile`` runs there (``utils.tier_plan.compile_support``)."""
+    whether ``torch.compile`` runs there (``utils.course.tier_plan.compile_support``)."""
     d = card_dtype(card)
     runs = [f"roofline points (matmul {s.matmul_n}^3 in {d}), {s.model} training and decode up to batch "
             f"{max(s.decode_batches)} in fp32, cost per token", f"SIGKILL and resume of a {s.ckpt_model} run, "

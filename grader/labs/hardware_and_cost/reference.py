@@ -3,8 +3,8 @@
 :func:`measure` (live) runs, in the grader's process after the notebook's kernel has gone, the work
 the notebook's locked cells set up: the big matmul and the copy (``points``), a training step of the
 throughput model (``train``), greedy decode at the batch sizes the judges compare (``decode``), a
-checkpoint of the checkpointed run (``checkpoint``: ``utils.checkpointed_run.measure_checkpoint_overhead``),
-the recompilation experiment with ``utils.xla`` on the grader's own inputs (``xla``: compile counts,
+checkpoint of the checkpointed run (``checkpoint``: ``utils.train.checkpointed_run.measure_checkpoint_overhead``),
+the recompilation experiment with ``utils.tpu.xla`` on the grader's own inputs (``xla``: compile counts,
 compile, run and eager times), and an uninterrupted run of the course's checkpointed loop whose final
 state the resumed run must match (``resume``). Each timing is taken several times
 (:func:`grader.measuring.timed` and its pattern); a band comes from the spread of those runs alone.
@@ -41,18 +41,16 @@ import torch
 from grader import definitions, expect
 from grader.labs.hardware_and_cost.sizes import BY_TIER
 from grader.measuring import REPEATS, Measured, timed
-from utils import (
-    checkpointed_run,
-    xla,  # noqa: F401  (asks XLA for the CPU devices before jax starts its backend)
-)
-from utils.checkpointed_run import DETERMINISM_ENV, RESULT_FILE, RunConfig
-from utils.models import build_model, get_tokenizer, token_batches
-from utils.timing import benchmark
+from utils.measure.timing import benchmark
+from utils.model.models import build_model, get_tokenizer, token_batches
+from utils.tpu import xla  # noqa: F401  (asks XLA for the CPU devices before jax starts its backend)
+from utils.train import checkpointed_run
+from utils.train.checkpointed_run import DETERMINISM_ENV, RESULT_FILE, RunConfig
 from utils.units import gb_per_s, tflop_per_s
 
 ASSIGNMENT = "05_hardware_and_cost"
 CPU_TFLOPS_CAP = 50.0  # estimate: no CPU socket comes near 50 fp32 TFLOP/s, so a CPU figure above it is invented
-DECODE_BUDGET_S = 1.0  # utils.timing.benchmark's budget per decode timing (10 runs fit it on a CPU)
+DECODE_BUDGET_S = 1.0  # utils.measure.timing.benchmark's budget per decode timing (10 runs fit it on a CPU)
 XLA_BUDGET_S = 0.5  # and per jitted or eager run of the XLA layer (a fraction of a millisecond each)
 SAVE_FLOOR = 1.0  # +-100% at least for a checkpoint write or an XLA compile: disk and compiler times wander
 CODE = definitions.read_code()  # the course code the resumed run's reference runs on, read before any notebook ran
@@ -125,7 +123,7 @@ def xla_sizes(sizes):
 
 def expected_compiles(lengths) -> tuple[int, int]:
     """``(unpadded, bucketed)``: XLA compiles once per distinct input shape, and the inputs padded to
-    ``utils.xla.pow2_buckets`` take as many shapes as buckets they use."""
+    ``utils.tpu.xla.pow2_buckets`` take as many shapes as buckets they use."""
     buckets = xla.pow2_buckets(max(lengths), min(lengths))
     return len(set(lengths)), len({xla.bucket_length(n, buckets) for n in lengths})
 
@@ -148,7 +146,7 @@ def xla_inputs(sizes) -> tuple[list, Any, tuple[int, ...]]:
 
 def resume_reference(cfg: RunConfig, timeout_s: float = 600.0) -> dict:
     """The final-state digests of an uninterrupted run of the course's checkpointed loop
-    (``python -m utils.checkpointed_run run``, the course's RNG functions), in a fresh process on a
+    (``python -m utils.train.checkpointed_run run``, the course's RNG functions), in a fresh process on a
     copy of the course code read before any notebook ran; kept per config."""
     key = ("resume", config_key(asdict(cfg)))
     if key in _KEPT:
@@ -159,7 +157,7 @@ def resume_reference(cfg: RunConfig, timeout_s: float = 600.0) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY", "IPY", "JUPYTER", "PYTHON"))}
         env.update(DETERMINISM_ENV, PYTHONPATH=str(code), PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_VERBOSITY="error")
-        proc = subprocess.run([sys.executable, "-m", "utils.checkpointed_run", "run", "--out", str(work / "run"),
+        proc = subprocess.run([sys.executable, "-m", "utils.train.checkpointed_run", "run", "--out", str(work / "run"),
                                "--config", json.dumps(asdict(cfg))], cwd=code, env=env, capture_output=True, text=True,
                               timeout=timeout_s)
         if proc.returncode != 0:

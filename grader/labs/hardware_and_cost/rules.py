@@ -20,9 +20,10 @@ from dataclasses import asdict
 import numpy as np
 
 from grader.labs.hardware_and_cost.reference import run_config
-from utils import cost, topology
-from utils.hardware import SPECS, GpuSpec
-from utils.inference import estimate_tpot_ms
+from utils.capacity import cost
+from utils.device import topology
+from utils.device.hardware import SPECS, GpuSpec
+from utils.serving.inference import estimate_tpot_ms
 
 HARNESS = "grader.labs.hardware_and_cost.harness"
 FALLBACK_GPU = "T4"  # a device without a price row is priced as a T4 hour (a label, not a measurement)
@@ -133,7 +134,7 @@ def expected_shard_bytes(shape, itemsize: int, mesh: dict, entries) -> int:
 # -- the hidden cases, drawn from the grading run's secret seed ---------------------------------------
 
 def _spec_arg(spec: GpuSpec) -> dict:
-    return {"__build__": "utils.hardware:GpuSpec", "kwargs": asdict(spec)}
+    return {"__build__": "utils.device.hardware:GpuSpec", "kwargs": asdict(spec)}
 
 
 def _drawn_spec(rng) -> GpuSpec:
@@ -243,7 +244,7 @@ def topology_cases(rng, ctx) -> list:
     texts = [topo_text(rng) for _ in range(16)] + [t for t, _ in topology.TOPO_EXAMPLES.values()
                                                    if len(topology.parse_topo(t).gpus) > 1]
     rng.shuffle(texts)
-    return [[{"__build__": "utils.topology:parse_topo", "args": [t]}] for t in texts]
+    return [[{"__build__": "utils.device.topology:parse_topo", "args": [t]}] for t in texts]
 
 
 def _mesh_sizes(rng) -> tuple[int, int]:

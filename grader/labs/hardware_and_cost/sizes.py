@@ -12,14 +12,14 @@ ASSIGNMENT = "05_hardware_and_cost"
 class Phase5Sizes(PrintsPlan):
     matmul_n: int  # square matmul side (roofline point)
     copy_numel: int  # fp32 elements copied (roofline point)
-    model: str  # config name in utils/models.py, for throughput and decode
+    model: str  # config name in utils/model/models.py, for throughput and decode
     train_batch: int
     seq_len: int
     train_steps: int
     decode_batches: tuple[int, ...]  # batch sizes of the decode (right-sizing) measurements
     prompt_len: int
     new_tokens: int  # tokens generated per decode measurement
-    ckpt_model: str  # the checkpointed training run (utils.checkpointed_run.RunConfig)
+    ckpt_model: str  # the checkpointed training run (utils.train.checkpointed_run.RunConfig)
     ckpt_batch: int
     ckpt_seq_len: int
     ckpt_steps: int

@@ -10,9 +10,9 @@ own (``reference.py``).
 from grader.labs import answers
 from grader.schema import TIMING, Count, DictOf, Fields, Label, ListOf, Nullable, Number, Text
 
-PATHS = ("eager", "static_compiled", "fast")  # utils.decode.decode_paths, in the notebook's order
-HALF = ("bf16", "fp16", "fp32")  # utils.quantize.reference_mode: the 16-bit dtype, fp32 on a CPU
-QUANT_MODES = ("int8", "nf4")  # utils.quantize.QUANT_MODES
+PATHS = ("eager", "static_compiled", "fast")  # utils.serving.decode.decode_paths, in the notebook's order
+HALF = ("bf16", "fp16", "fp32")  # utils.model.quantize.reference_mode: the 16-bit dtype, fp32 on a CPU
+QUANT_MODES = ("int8", "nf4")  # utils.model.quantize.QUANT_MODES
 
 DECODE_PATH = Fields({"t1": TIMING, "tn": TIMING, "tpot_ms": Number("ms"), "tokens_per_s": Number("tokens/s"),
                       "bandwidth_gbs": Number("GB/s"), "copy_fraction": Number()},

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from utils.kvcache import KVSpec
-from utils.paged_batching import PagedEngine, Request
+from utils.kv.kvcache import KVSpec
+from utils.serving.paged_batching import PagedEngine, Request
 
 MAX_LOG = 20_000  # engine calls recorded per trace: a schedule that loops is cut here (the engine stops it sooner)
 

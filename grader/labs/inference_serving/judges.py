@@ -3,7 +3,7 @@
 Each judge is pure (``grader/judging.py``). ``bytes_per_decode_step`` and ``kv_cache_calculator``
 are run by the grader on cases drawn from the grading run's secret seed, in a sandbox where the
 course's own arithmetic is unavailable (``forbid``); the expected values come from one course
-function each (``utils.inference.decode_bytes_per_step``, ``utils.kv_calculator.calculator``). The
+function each (``utils.serving.inference.decode_bytes_per_step``, ``utils.kv.kv_calculator.calculator``). The
 allocator and the scheduler run in a sandbox of their own on traces drawn after the kernel has gone
 (``harness.py``); their schedules are replayed here on the course's engine without a model, every
 step checked, and compared with the notebook's rule (``reference.rule_schedule``). The measured cells are
@@ -31,17 +31,17 @@ from grader.labs.inference_serving.reference import (
 )
 from grader.labs.inference_serving.sizes import BY_TIER
 from grader.schema import AnswerError, Count, Fields, Flag, ListOf, Nullable, Text, TupleOf
-from utils import paged_batching as pb
-from utils.inference import decode_bytes_per_step
-from utils.kv_calculator import DTYPES, calculator
+from utils.kv.kv_calculator import DTYPES, calculator
+from utils.kv.vllm_kv import vllm_num_blocks
+from utils.serving import paged_batching as pb
+from utils.serving.inference import decode_bytes_per_step
 from utils.units import GIB, gb_per_s
-from utils.vllm_kv import vllm_num_blocks
 
 ASSIGNMENT = "03_inference_serving"
-DECODE_FORMULA = ("utils.inference:decode_bytes_per_step",)
-KV_ARITHMETIC = ("utils.kv_calculator:calculator", "utils.kvcache:dtype_bytes", "utils.kvcache:bytes_per_token",
-                 "utils.kvcache:kv_cache_bytes", "utils.kvcache:KVSpec.layer_bytes_per_token") + tuple(
-    f"utils.vllm_kv:{f}" for f in ("vllm_layout", "vllm_num_blocks", "vllm_blocks_per_request", "vllm_request_bytes",
+DECODE_FORMULA = ("utils.serving.inference:decode_bytes_per_step",)
+KV_ARITHMETIC = ("utils.kv.kv_calculator:calculator", "utils.kv.kvcache:dtype_bytes", "utils.kv.kvcache:bytes_per_token",
+                 "utils.kv.kvcache:kv_cache_bytes", "utils.kv.kvcache:KVSpec.layer_bytes_per_token") + tuple(
+    f"utils.kv.vllm_kv:{f}" for f in ("vllm_layout", "vllm_num_blocks", "vllm_blocks_per_request", "vllm_request_bytes",
                                    "vllm_max_concurrency", "vllm_kv_tokens", "vllm_plan", "vllm_estimate_max_model_len"))
 RULE = ("grader.labs.inference_serving.reference:rule_schedule",)
 CALC_RULE = ("2 x layers x KV heads x head dim x bytes per token; batch x context of those unpaged; "
@@ -111,7 +111,7 @@ def _same_calc(got, want) -> str | None:
 
 
 def calc_cases(results: list, inputs: list, what: str) -> str:
-    """The learner's calculator on ``inputs`` against :func:`utils.kv_calculator.calculator`."""
+    """The learner's calculator on ``inputs`` against :func:`utils.kv.kv_calculator.calculator`."""
     wrong, first = 0, None
     for r, args in zip(results, inputs, strict=True):
         why = f"it raised {r.error}" if not r.ok else _same_calc(r.value, calculator(*args))
@@ -133,7 +133,7 @@ def kv_calculator(a, ref):
 def _timing(t: dict, name: str) -> float:
     if not t["p20_ms"] <= t["median_ms"] <= t["p80_ms"]:
         raise Fail(f"{name}: p20 {t['p20_ms']:.4g} <= median {t['median_ms']:.4g} <= p80 {t['p80_ms']:.4g} ms does not "
-                   "hold: not a timing from utils.timing.benchmark")
+                   "hold: not a timing from utils.measure.timing.benchmark")
     return t["median_ms"]
 
 

@@ -1,7 +1,7 @@
 """Lab 03's plan: ``parts`` (what runs on a card), ``moments`` (memory peaks), ``MEASURED_PEAKS``."""
 from __future__ import annotations
 
-from utils.lab_memory import (
+from utils.course.lab_memory import (
     FLUSH_GIB,
     Context,
     Moment,
@@ -13,7 +13,7 @@ from utils.lab_memory import (
     kv_gib,
     weights_gib,
 )
-from utils.tier_plan import (
+from utils.course.tier_plan import (
     BNB_INT8_MIN,
     BNB_NF4_MIN,
     H100_HOW,
@@ -32,14 +32,14 @@ ASSIGNMENT = "03_inference_serving"
 # Tensors the lab held at a measured peak that no term of ``moments`` accounts for, where no per-cell
 # reading places them, keyed by (size tier, vLLM run): without vLLM at the h100 tier the lab peaked at
 # 13.1 GiB device-wide (H100 80GB, nvidia-smi every 0.5 s, lab graded live at the h100 tier, 2026-12-05),
-# where the terms reach 7.1 GiB. Its value is that peak less one CUDA context (utils.tier_plan.CONTEXT_GIB),
-# over 1 + utils.tier_plan.MARGIN, plus 0.1: a calibration, not a cause. benchmarks/memory_h100.sh measures
+# where the terms reach 7.1 GiB. Its value is that peak less one CUDA context (utils.course.tier_plan.CONTEXT_GIB),
+# over 1 + utils.course.tier_plan.MARGIN, plus 0.1: a calibration, not a cause. benchmarks/memory_h100.sh measures
 # the lab per cell to find the cause.
 UNPLACED_GIB = {("h100", False): 10.9}
 
 
 def moments(s, c: Context) -> list[Moment]:
-    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.lab_memory.Context``)."""
+    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.course.lab_memory.Context``)."""
     d = 2
     model = weights_gib(s.model, d)
     # the fast path's fused weights and static cache (rounded up to 64 positions) stay referenced
@@ -63,7 +63,7 @@ def moments(s, c: Context) -> list[Moment]:
 
 def parts(card: Card, s, ok: bool, why: str):
     """``(runs, skipped, dtype, compiled, compile note)`` of this lab on ``card`` at sizes ``s``; ``ok, why``:
-    whether ``torch.compile`` runs there (``utils.tier_plan.compile_support``)."""
+    whether ``torch.compile`` runs there (``utils.course.tier_plan.compile_support``)."""
     d = card_dtype(card)
     skipped = {}
     runs = [f"{s.model} in {d}: prefill up to {max(s.ttft_lens)} tokens, three decode paths, KV growth, "

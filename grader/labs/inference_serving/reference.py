@@ -2,9 +2,9 @@
 
 :func:`measure` (live) runs, in the grader's process after the notebook's kernel has gone, the work
 the notebook's locked cells set up, on models the grader builds itself: the lab's model and its
-three decode paths (``utils.decode``), each path's TPOT timed several times, the copy bandwidth,
+three decode paths (``utils.serving.decode``), each path's TPOT timed several times, the copy bandwidth,
 the KV cache's growth while decoding, the weight memory and perplexity of every mode
-``utils.quantize`` can load here (bitsandbytes' int8 and nf4 only on a CUDA GPU: on a CPU the
+``utils.model.quantize`` can load here (bitsandbytes' int8 and nf4 only on a CUDA GPU: on a CPU the
 reference dtype alone), and continuous against static batching on the serving exercise's model,
 trace and pool (the rule's schedule, which the judge requires the learner's to be). A band comes
 from the spread of the grader's own runs alone (:func:`grader.expect.band`); what is read rather
@@ -27,10 +27,10 @@ import torch
 
 from grader import expect
 from grader.measuring import Measured, timed
-from utils import decode, inference, kvcache, quantize
-from utils import paged_batching as pb
-from utils.kvcache import KVSpec, from_hf_config
-from utils.models import (
+from utils.kv import kvcache
+from utils.kv.kvcache import KVSpec, from_hf_config
+from utils.model import quantize
+from utils.model.models import (
     build_model,
     checkpoint_dir,
     choice_tokenizer,
@@ -39,13 +39,15 @@ from utils.models import (
     preset_config_dict,
     token_batches,
 )
-from utils.training import bitsandbytes_usable
+from utils.serving import decode, inference
+from utils.serving import paged_batching as pb
+from utils.train.training import bitsandbytes_usable
 from utils.units import gb_per_s
 
 KV_BAND = 0.02  # measured KV growth within 2% of the calculator (a CUDA allocator reads it exactly)
 MEMORY_BAND = 0.03  # weights loaded twice take the same bytes, up to allocator rounding
 PPL_BAND = 0.02  # the same weights on the same text: the same perplexity, up to kernels' summation order
-MIN_SAVING = {"int8": 1.6, "nf4": 2.5}  # llama-1.1b, estimates from the bits per weight (utils/quantize.py): 1.79x, 2.89x
+MIN_SAVING = {"int8": 1.6, "nf4": 2.5}  # llama-1.1b, estimates from the bits per weight (utils/model/quantize.py): 1.79x, 2.89x
 KV_POOL_BYTES = 132_000  # the notebook's paged_setup cell: 32 blocks of 4 tokens of llama-tiny in fp32
 BATCH_TRACE = {"n_requests": 12, "seed": 4}  # the notebook's TRACE (paged_batching.make_trace)
 HALF_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -62,7 +64,7 @@ def half(ctx) -> str:
 
 @functools.cache
 def kv_shape(preset: str) -> tuple[int, int, int]:
-    """``(layers, KV heads, head dim)`` of a ``utils.models`` preset, from its shipped config."""
+    """``(layers, KV heads, head dim)`` of a ``utils.model.models`` preset, from its shipped config."""
     spec = from_hf_config(preset_config_dict(preset))
     return spec.num_layers, spec.num_kv_heads, spec.head_dim
 
@@ -140,7 +142,7 @@ class Reference:
 
     def fast_speedup(self) -> str:
         """The grader's fast path at least the tier's speedup over eager ``generate`` (both paths are
-        ``utils.decode``'s: below it, the machine is at fault, never the learner)."""
+        ``utils.serving.decode``'s: below it, the machine is at fault, never the learner)."""
         need = self.ctx.sizes.min_fast_speedup
         v = expect.usable(self.value("speedup"), "fast-path speedup over eager generate", "x")
         if v < need:

@@ -10,7 +10,7 @@ ASSIGNMENT = "03_inference_serving"
 
 @dataclass(frozen=True)
 class Phase3Sizes(PrintsPlan):
-    model: str  # the decode, KV-cache and quantization model (utils/models.py preset)
+    model: str  # the decode, KV-cache and quantization model (utils/model/models.py preset)
     prompt_len: int  # decode prompt (tokens)
     new_tokens: int  # tokens per decode measurement: TPOT = (t(n) - t(1)) / (n - 1)
     ttft_lens: tuple[int, ...]  # prompt lengths of the prefill (TTFT) sweep

@@ -15,8 +15,8 @@ from typing import Any
 
 from grader.labs import answers
 from grader.schema import NONFINITE, Count, DictOf, Fields, Flag, Label, ListOf, Nullable, Number, Spec, Text
-from utils.grad_sync import GAP_CAUSES, LEARNER_VERSIONS, VERSIONS
-from utils.scaling_breaks import CAUSES, SCENARIOS
+from utils.parallel.grad_sync import GAP_CAUSES, LEARNER_VERSIONS, VERSIONS
+from utils.parallel.scaling_breaks import CAUSES, SCENARIOS
 
 BACKENDS = ("gloo", "nccl")
 

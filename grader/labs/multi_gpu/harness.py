@@ -9,7 +9,7 @@ against the grader's own computation from the inputs they drew.
   (its own sharded run of that stack is the judge's, after this harness).
 - :func:`grad_sync`: the learner's three gradient synchronizations on several ranks. This process
   is rank 0; the other ranks are processes it starts (:func:`rank_main`), which import the
-  learner's cell as a module (``utils.grad_sync.write_answer_module``). Every rank trains the same
+  learner's cell as a module (``utils.parallel.grad_sync.write_answer_module``). Every rank trains the same
   model from weights drawn from the grader's seed, on batches drawn from it, once per version and
   step; each (version, step) is one section the grader times from outside (``clock.go`` on rank 0,
   then every rank starts; ``clock.done`` once every rank's gradients are summed up). A section's
@@ -106,7 +106,7 @@ def build_base(cfg: dict, device):
     """The run's model: built on the CPU from the seed (the same weights on every device), eval mode (no dropout)."""
     import torch
 
-    from utils.models import build_model
+    from utils.model.models import build_model
 
     torch.manual_seed(int(cfg["seed"]))
     model = build_model(cfg["preset"]).eval()
@@ -142,7 +142,7 @@ def run_versions(answer, cfg: dict, device, control, counter) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from utils.grad_sync_harness import LearnerError, _learner
+    from utils.parallel.grad_sync_harness import LearnerError, _learner
 
     rank, world = dist.get_rank(), dist.get_world_size()
     on_gpu = device.type == "cuda"
@@ -243,7 +243,7 @@ def rank_main() -> None:
     cfg = json.loads(sys.stdin.readline())
     rank = int(cfg["rank"])
     err = Path(cfg["error_file"])
-    from utils.grad_sync_harness import LearnerError, _Counter, load_answer
+    from utils.parallel.grad_sync_harness import LearnerError, _Counter, load_answer
 
     try:
         import torch.distributed as dist
@@ -260,7 +260,7 @@ def rank_main() -> None:
         err.write_text(f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         os._exit(4)
     sys.stdout.flush()
-    os._exit(0)  # no teardown: gloo's threads can abort an exiting interpreter (utils.distributed.exit_without_teardown)
+    os._exit(0)  # no teardown: gloo's threads can abort an exiting interpreter (utils.parallel.distributed.exit_without_teardown)
 
 
 def grad_sync(ns: dict, params: dict, clock) -> dict:
@@ -272,9 +272,9 @@ def grad_sync(ns: dict, params: dict, clock) -> dict:
         return {"skipped": params["skip"]}
     import torch.distributed as dist
 
-    from utils.grad_sync import NAMES, write_answer_module
-    from utils.grad_sync_harness import LearnerError, _Counter, load_answer
-    from utils.launch import MULTICAST_OFF
+    from utils.parallel.grad_sync import NAMES, write_answer_module
+    from utils.parallel.grad_sync_harness import LearnerError, _Counter, load_answer
+    from utils.parallel.launch import MULTICAST_OFF
 
     missing = [n for n in NAMES.values() if not callable(ns.get(n))]
     if missing:
@@ -285,7 +285,7 @@ def grad_sync(ns: dict, params: dict, clock) -> dict:
     except (ValueError, TypeError) as exc:
         raise RuntimeError(f"your sync functions cannot be run on several ranks: {exc}") from None
     cfg = dict(params, port=_free_port(), answer=str(path))
-    for k, v in MULTICAST_OFF:  # NVLink multicast off in every rank, this one too (utils.launch.launch_env says why)
+    for k, v in MULTICAST_OFF:  # NVLink multicast off in every rank, this one too (utils.parallel.launch.launch_env says why)
         os.environ.setdefault(k, v)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     if cfg["backend"] == "gloo":

@@ -10,7 +10,7 @@ code run by the grader in a sandbox, and the grader's reference (``reference.py`
   learner's ``memory_per_gpu_gb`` (in a sandbox, the course's rule a tripwire) for its size, then runs
   its own DDP, ZeRO-1 and FSDP2 launch of it (``reference.zero_run``; only once the predictions are
   numbers); each rank's bytes must be met within the shard remainder
-  ``utils.zero_memory.remainder_bytes`` allows. The kernel's ``ZERO`` is not read.
+  ``utils.parallel.zero_memory.remainder_bytes`` allows. The kernel's ``ZERO`` is not read.
 - ``test_allreduce``, ``test_scaling``, ``test_breaks``, ``test_explanation``: the runs the notebook
   launched (course code) are checked for being the asked-for configuration and consistent, then
   against the grader's own launches of the same code (bands from the grader's own spread); the
@@ -42,28 +42,28 @@ import torch
 from grader.expect import Fail, Unusable, approx, band, cases, close, equal, in_band, not_above, spread, usable
 from grader.judging import Check
 from grader.labs.multi_gpu import harness, reference
-from utils import grad_sync, launch, zero_memory
-from utils.distributed import (
+from utils.measure.flops import flops_per_token_from_config
+from utils.model.model_shapes import LLAMA_70B
+from utils.model.models import preset_config
+from utils.parallel import grad_sync, launch, zero_memory
+from utils.parallel.distributed import (
     algbw_gbs,
     busbw_gbs,
     memory_per_gpu,
     parallel_weight_bytes_per_gpu,
     parse_size_bytes,
 )
-from utils.flops import flops_per_token_from_config
-from utils.fused import INTERPRETED, bias_gelu_reference
-from utils.model_shapes import LLAMA_70B
-from utils.models import preset_config
-from utils.scaling_breaks import NEAR_LINEAR, SCENARIOS
+from utils.parallel.scaling_breaks import NEAR_LINEAR, SCENARIOS
+from utils.train.fused import INTERPRETED, bias_gelu_reference
 
 STAGES = ("ddp", "zero1", "zero2", "zero3")
-MEMORY_RULES = ("utils.distributed:memory_per_gpu",)
-BUSBW_RULES = ("utils.distributed:algbw_gbs", "utils.distributed:busbw_gbs", "utils.distributed:bus_factor",
-               "utils.distributed:allreduce_time_s", "utils.distributed:busbw_fraction_of_link", "utils.units:gb_per_s")
-PARALLEL_RULES = ("utils.distributed:parallel_weight_bytes_per_gpu", "utils.distributed:pipeline_layers_per_stage",
-                  "utils.distributed:tensor_parallel_weight_bytes")
+MEMORY_RULES = ("utils.parallel.distributed:memory_per_gpu",)
+BUSBW_RULES = ("utils.parallel.distributed:algbw_gbs", "utils.parallel.distributed:busbw_gbs", "utils.parallel.distributed:bus_factor",
+               "utils.parallel.distributed:allreduce_time_s", "utils.parallel.distributed:busbw_fraction_of_link", "utils.units:gb_per_s")
+PARALLEL_RULES = ("utils.parallel.distributed:parallel_weight_bytes_per_gpu", "utils.parallel.distributed:pipeline_layers_per_stage",
+                  "utils.parallel.distributed:tensor_parallel_weight_bytes")
 # the course's bias + GELU: its unfused PyTorch version and its own Triton kernel (instructors' repository only)
-FUSED_RULES = ("utils.fused:bias_gelu_reference", "utils.fused:compare_bias_gelu", "grader.fused_reference:bias_gelu",
+FUSED_RULES = ("utils.train.fused:bias_gelu_reference", "utils.train.fused:compare_bias_gelu", "grader.fused_reference:bias_gelu",
                "grader.fused_reference:_bias_gelu_kernel")
 # (weights, gradients, optimizer) bytes per parameter beside the defaults: mixed-precision Adam, fp32 Adam, fp32
 # gradients beside bf16 weights, bf16 Adam state, an 8-bit optimizer
@@ -139,7 +139,7 @@ def memory(a, ref):
 
 # -- 1b. the arithmetic against the grader's sharded run ----------------------------------------------
 
-ZERO_WIDTHS = {"weights": 4, "grads": 4, "optimizer": 8}  # the sharded run is fp32 AdamW everywhere (utils.zero_memory)
+ZERO_WIDTHS = {"weights": 4, "grads": 4, "optimizer": 8}  # the sharded run is fp32 AdamW everywhere (utils.parallel.zero_memory)
 
 
 def zero_params(ctx, a) -> dict:
@@ -394,7 +394,7 @@ def _call_problems(calls: dict, total: int, n_tensors: int, largest: int, cfg: d
 
 
 def _plan():
-    """This machine's plan (``utils.launch.plan``), as the harness ran it."""
+    """This machine's plan (``utils.parallel.launch.plan``), as the harness ran it."""
     return launch.plan(tempfile.gettempdir())
 
 
@@ -755,7 +755,7 @@ def _kernel_device() -> tuple[str, list[str]]:
     the GPU (fp32 and the card's 16-bit type)."""
     if INTERPRETED or not torch.cuda.is_available():
         return "cpu", ["float32"]
-    from utils import rehearsal
+    from utils.device import rehearsal
 
     return "cuda", ["float32", str(rehearsal.half_torch_dtype()).removeprefix("torch.")]
 

@@ -1,23 +1,23 @@
 """Lab 02's plan: ``parts`` (what runs on a card), ``moments`` (memory peaks), ``MEASURED_PEAKS``."""
 from __future__ import annotations
 
-from utils.lab_memory import Context, Moment, Other, dpo_gib, gib_of, shape, train_gib
-from utils.tier_plan import REHEARSED_T4, T4_HOW, T4_RUN, Card, MeasuredPeak
+from utils.course.lab_memory import Context, Moment, Other, dpo_gib, gib_of, shape, train_gib
+from utils.course.tier_plan import REHEARSED_T4, T4_HOW, T4_RUN, Card, MeasuredPeak
 
 ASSIGNMENT = "02_multi_gpu"
 
 
 def sizes_tier(card: Card) -> str:
     """The size tier of this lab's sizes on ``card``: the card's, except on fewer than two GPUs, where
-    the multi-process runs are CPU processes at smoke sizes (``utils.launch``)."""
+    the multi-process runs are CPU processes at smoke sizes (``utils.parallel.launch``)."""
     return "cpu" if card.gpus < 2 else card.size_tier
 
 
 def moments(s, c: Context) -> list[Moment]:
-    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.lab_memory.Context``)."""
-    from utils.distributed import parse_size_bytes
+    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.course.lab_memory.Context``)."""
+    from utils.parallel.distributed import parse_size_bytes
 
-    # the notebook checks its Triton kernels on 2 x 777 tensors; their timing (utils.fused.compare_bias_gelu)
+    # the notebook checks its Triton kernels on 2 x 777 tensors; their timing (utils.train.fused.compare_bias_gelu)
     # runs in the grader's sandbox once the kernel is gone (grader/labs/multi_gpu/judges.py)
     fused = 0.0
     if not c.multi_gpu:
@@ -35,7 +35,7 @@ def moments(s, c: Context) -> list[Moment]:
 
 def parts(card: Card, s, ok: bool, why: str):
     """``(runs, skipped, dtype, compiled, compile note)`` of this lab on ``card`` at sizes ``s``; ``ok, why``:
-    whether ``torch.compile`` runs there (``utils.tier_plan.compile_support``)."""
+    whether ``torch.compile`` runs there (``utils.course.tier_plan.compile_support``)."""
     skipped = {}
     if card.gpus >= 2 and card.gpu:
         d = "bf16" if s.bf16 else "fp32"

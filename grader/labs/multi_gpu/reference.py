@@ -1,8 +1,8 @@
 """Lab 02's references: the grader's own runs of the course code, on this machine, or a learner's record.
 
 :func:`measure` (live) returns a :class:`Reference` that launches, in the grader's process after the
-notebook's kernel has gone, the same course code the notebook's cells launch (``utils.launch``, the
-plan of this machine, sizes from ``utils.env``, never the notebook's): the all-reduce benchmark
+notebook's kernel has gone, the same course code the notebook's cells launch (``utils.parallel.launch``, the
+plan of this machine, sizes from ``utils.course.env``, never the notebook's): the all-reduce benchmark
 (:data:`REPEATS` times: its band comes from the spread of those runs), the reference training run
 on one process and on all of them, and each scenario of section 4 a learner's ``BREAKS`` names.
 Each launch happens the first time a judge asks for it and is kept in the cache the cells share on
@@ -10,7 +10,7 @@ their first try (a cell that fails its own consistency checks launches nothing).
 from the grader's runs alone: the spread of its repeats, or of each rank's step times.
 
 Also here, for the cells judged from a harness: the grader's own sharded run of a model drawn
-from a secret seed (:func:`zero_run`, ``utils.zero_memory``), the gradients the learner's
+from a secret seed (:func:`zero_run`, ``utils.parallel.zero_memory``), the gradients the learner's
 synchronization must produce, computed by the grader's own model from the same seed
 (:func:`sync_expected`), and on a GPU the grader's timing of the unfused bias + GELU ops in the
 harness's protocol (:func:`unfused_seconds`) and the checksum a timed section of the learner's kernel
@@ -35,11 +35,11 @@ import transformers.models.gpt2.modeling_gpt2  # noqa: F401 - loaded now: build_
 
 from grader import expect
 from grader.labs.multi_gpu import harness
-from utils import launch, zero_memory
-from utils.distributed import link_peak
-from utils.fused import bias_gelu_reference
-from utils.scaling_breaks import SCENARIOS
-from utils.tier_plan import fingerprint_tier
+from utils.course.tier_plan import fingerprint_tier
+from utils.parallel import launch, zero_memory
+from utils.parallel.distributed import link_peak
+from utils.parallel.scaling_breaks import SCENARIOS
+from utils.train.fused import bias_gelu_reference
 
 REPEATS = 2  # the grader's all-reduce runs: its band is 3x their spread (a launch is 15 to 30 s on 2 CPU cores)
 # |yours - grader's| at least, for a scaling efficiency or a share of the step: a few % on GPUs (clocks, NCCL's
@@ -68,7 +68,7 @@ class Reference:
 
     @property
     def link(self):
-        """The GPUs' usual link (``utils.distributed.link_peak``), or None (CPU processes, an unknown card)."""
+        """The GPUs' usual link (``utils.parallel.distributed.link_peak``), or None (CPU processes, an unknown card)."""
         if self.plan.backend != "nccl":
             return None
         try:
@@ -123,7 +123,7 @@ class Reference:
 
 
 def _plan_of(ctx) -> Any:
-    """This machine's plan (``utils.launch.plan``: smoke mode, its GPUs, its tier); each launch gets a folder of its own."""
+    """This machine's plan (``utils.parallel.launch.plan``: smoke mode, its GPUs, its tier); each launch gets a folder of its own."""
     return launch.plan(tempfile.gettempdir())
 
 
@@ -161,14 +161,14 @@ def draw_layers(rng) -> tuple[int, ...]:
 
 
 def zero_run(ctx, layers) -> dict:
-    """The grader's own DDP, ZeRO-1 and FSDP2 run of ``layers`` on this machine's plan (``utils.zero_memory``):
+    """The grader's own DDP, ZeRO-1 and FSDP2 run of ``layers`` on this machine's plan (``utils.parallel.zero_memory``):
     the bytes every rank held after one AdamW step. :class:`grader.expect.Unusable` when it fails or is
     not the run asked for."""
     plan = _plan_of(ctx)
     work = tempfile.mkdtemp(prefix="gpulab-02-zero-")
     try:
         res, why = None, ""
-        for _ in range(2):  # a launch that failed on the machine's side is tried once more by utils.launch itself
+        for _ in range(2):  # a launch that failed on the machine's side is tried once more by utils.parallel.launch itself
             try:
                 res = zero_memory.run(plan._replace(work=work), None, layers, "grader_zero_memory",
                                       seed=secrets.randbits(20), verbose=False)
@@ -238,7 +238,7 @@ def _sync_expected(cfg: dict, device: str) -> dict:
 # -- the fused kernel's speed, on a GPU --------------------------------------------------------------
 
 def unfused_seconds(shape, dtype: str, reps: int, calls: int, device: str = "cuda") -> list[float]:
-    """The grader's timing of the unfused ops (``utils.fused.bias_gelu_reference``) in the harness's
+    """The grader's timing of the unfused ops (``utils.train.fused.bias_gelu_reference``) in the harness's
     protocol (:func:`grader.labs.multi_gpu.harness.fused_kernel`): per section, inputs drawn on the
     device from a fresh seed, ``calls`` runs, the last output's weighted sum read back."""
     rows, cols = shape

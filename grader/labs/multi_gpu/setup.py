@@ -1,10 +1,10 @@
-"""Lab 02's install needs: what its setup cell (``utils.bootstrap.setup("02_multi_gpu", ...)``) installs
+"""Lab 02's install needs: what its setup cell (``utils.course.bootstrap.setup("02_multi_gpu", ...)``) installs
 when the runtime lacks it, beyond what every lab imports, and the optional packages it runs without."""
 from __future__ import annotations
 
 import importlib.util
 
-from utils.bootstrap import LabNeeds
+from utils.course.bootstrap import LabNeeds
 
 
 def _trl_note() -> str:

@@ -48,7 +48,7 @@ PROFILE = Fields({"device": Label(("cuda", "cpu")), "steps": Count(1), "step_tim
                   "top": ListOf(OPSTAT, max_len=100), "diagnosis": Label(BOTTLENECKS), "explanation": Text(),
                   "suggestion": Text(), "findings": ListOf(Label(BOTTLENECKS), max_len=len(BOTTLENECKS)),
                   "trace_path": Nullable(Text())},
-                 optional=("trace_path",), label="the ProfileSummary that utils.profiling.profile_steps returned")
+                 optional=("trace_path",), label="the ProfileSummary that utils.diagnosis.profiling.profile_steps returned")
 OPT_ROW = Fields({"tokens_per_s": Number("tokens/s", positive=True), "median_ms": Number("ms", positive=True),
                   "p20_ms": MS, "p80_ms": MS, "steps": Count(1), "method": Text(), "mfu": Nullable(Number()),
                   "tokens_per_step_claimed": Count(1), "tokens_per_step_counted": Number(at_least=0.0)},

@@ -3,7 +3,7 @@
 Everything here runs in the learner's process (``grader/sandbox.py``), so what it returns is a claim:
 the judges (``judges.py``) check it against rules and the grader's own measurements, never trust it.
 
-- :func:`optimized`: the learner's ``FastLoop``, audited by ``utils.loop_audit`` on a fresh seeded
+- :func:`optimized`: the learner's ``FastLoop``, audited by ``utils.diagnosis.loop_audit`` on a fresh seeded
   model (the tokens each step feeds the model, weight updates, host syncs, the loss falling, the
   loss it reports), then warmed up and timed from the grader's side in :data:`SECTIONS` sections of
   :func:`steps_per_section` steps each (``clock.go`` / ``clock.done``; the judge times go to done,
@@ -39,7 +39,7 @@ def eval_blocks(seed: int, n_blocks: int) -> list[int]:
 
 
 def eval_batch(data, seed: int, device):
-    """``EVAL_BLOCKS`` blocks of ``data`` (``utils.loop_audit.loop_dataset``) drawn from ``seed``, on ``device``."""
+    """``EVAL_BLOCKS`` blocks of ``data`` (``utils.diagnosis.loop_audit.loop_dataset``) drawn from ``seed``, on ``device``."""
     import torch
 
     return torch.stack([data[i][0] for i in eval_blocks(seed, len(data.blocks))]).to(device)
@@ -49,9 +49,9 @@ def optimized(ns: dict, params: dict, clock) -> dict:
     """Audit the learner's ``FastLoop`` and time it (see the module docstring). ``params``: ``preset``,
     ``seq_len``, ``naive_batch``, ``steps`` (per section), ``sections`` (0: audit only), ``warmup``; ``loop``:
     the class's name, ``FastLoop`` unless given."""
-    from utils import loop_audit
-    from utils.models import preset_config
-    from utils.timing import device_sync
+    from utils.diagnosis import loop_audit
+    from utils.measure.timing import device_sync
+    from utils.model.models import preset_config
 
     name = params.get("loop", "FastLoop")
     make = ns.get(name)

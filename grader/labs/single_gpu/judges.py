@@ -23,22 +23,22 @@ from grader.judging import Check
 from grader.labs.single_gpu import harness
 from grader.labs.single_gpu.answers import CAUSES
 from grader.labs.single_gpu.reference import MEMORY_BAND, lean_recipe, single_recipe, trap_recipe
-from utils import diagnosis_cases, loop_audit
-from utils.flops import flops_per_token_from_config
-from utils.models import preset_config
-from utils.profile_diagnosis import ProfileSummary
-from utils.profile_diagnosis import diagnose as course_diagnose
-from utils.training import naive_config
+from utils.diagnosis import diagnosis_cases, loop_audit
+from utils.diagnosis.profile_diagnosis import ProfileSummary
+from utils.diagnosis.profile_diagnosis import diagnose as course_diagnose
+from utils.measure.flops import flops_per_token_from_config
+from utils.model.models import preset_config
+from utils.train.training import naive_config
 from utils.units import GIB
 
 ASSIGNMENT = "01_single_gpu"
-RATES = ("utils.flops:mfu", "utils.flops:mfu_from_throughput", "utils.units:tflop_per_s",
-         "utils.memory:training_memory_estimate", "utils.training:full_finetune_estimate")
-DIAGNOSIS = ("utils.profile_diagnosis:diagnose", "utils.profile_diagnosis:summarize",
-             "utils.diagnosis_cases:synthetic", "utils.diagnosis_cases:synthetic_cases",
-             "utils.diagnosis_cases:clear_of_thresholds", "utils.diagnosis_cases:variants",
-             "utils.diagnosis_cases:profiled", "utils.profiling:profile_steps")
-# The LoopConfig switch (utils.training) to change first for each verdict, as the notebook's table
+RATES = ("utils.measure.flops:mfu", "utils.measure.flops:mfu_from_throughput", "utils.units:tflop_per_s",
+         "utils.measure.memory:training_memory_estimate", "utils.train.training:full_finetune_estimate")
+DIAGNOSIS = ("utils.diagnosis.profile_diagnosis:diagnose", "utils.diagnosis.profile_diagnosis:summarize",
+             "utils.diagnosis.diagnosis_cases:synthetic", "utils.diagnosis.diagnosis_cases:synthetic_cases",
+             "utils.diagnosis.diagnosis_cases:clear_of_thresholds", "utils.diagnosis.diagnosis_cases:variants",
+             "utils.diagnosis.diagnosis_cases:profiled", "utils.diagnosis.profiling:profile_steps")
+# The LoopConfig switch (utils.train.training) to change first for each verdict, as the notebook's table
 # gives it; None where no switch of the loop addresses it.
 FIRST_FIXES = {
     "data-loading-bound": ("num_workers",),
@@ -84,8 +84,8 @@ def finetune_cases(rng, ctx) -> list:
 def to_spec(summary: ProfileSummary) -> dict:
     """A summary without its verdict, as a sandbox argument (built there: ``grader/sandbox.py``)."""
     fields = dataclasses.asdict(summary.evidence())
-    fields["top"] = [{"__build__": "utils.trace_metrics:OpStat", "kwargs": t} for t in fields["top"]]
-    return {"__build__": "utils.profile_diagnosis:ProfileSummary", "kwargs": fields}
+    fields["top"] = [{"__build__": "utils.diagnosis.trace_metrics:OpStat", "kwargs": t} for t in fields["top"]]
+    return {"__build__": "utils.diagnosis.profile_diagnosis:ProfileSummary", "kwargs": fields}
 
 
 def from_spec(spec: dict) -> ProfileSummary:
@@ -96,7 +96,7 @@ def from_spec(spec: dict) -> ProfileSummary:
 
 
 def unseen_cases(rng, ctx) -> list:
-    """Two synthetic summaries of every verdict drawn from ``rng`` (``utils.diagnosis_cases``), then real
+    """Two synthetic summaries of every verdict drawn from ``rng`` (``utils.diagnosis.diagnosis_cases``), then real
     profiles of small loops built to be one kind of bound, taken now on this device."""
     drawn = diagnosis_cases.synthetic_cases(rng.randrange(1 << 30), per_label=2)
     profiled = [(name, s) for name, s, _ in diagnosis_cases.profiled(ctx.device)]
@@ -134,7 +134,7 @@ def unseen(a, ref):
 def _timing(t: dict, name: str) -> float:
     if not t["p20_ms"] <= t["median_ms"] <= t["p80_ms"]:
         raise Fail(f"{name}: p20 {t['p20_ms']:.4g} <= median {t['median_ms']:.4g} <= p80 {t['p80_ms']:.4g} ms does not "
-                   "hold: not a timing from utils.timing")
+                   "hold: not a timing from utils.measure.timing")
     return t["median_ms"]
 
 
@@ -221,7 +221,7 @@ def _pair(result, what: str) -> tuple:
         raise Fail(f"diagnose must return (bottleneck, first fix), got {out!r:.80} on {what}")
     if type(out[0]) is not str or out[0] not in FIRST_FIXES:
         raise Fail(f"diagnose returned the bottleneck {out[0]!r:.60} on {what}: it must be one of "
-                   "utils.profile_diagnosis.BOTTLENECKS")
+                   "utils.diagnosis.profile_diagnosis.BOTTLENECKS")
     if out[1] is not None and type(out[1]) is not str:
         raise Fail(f"diagnose returned the fix {out[1]!r:.60} on {what}: a LoopConfig field name, or None")
     return out[0], out[1]
@@ -253,8 +253,8 @@ def diagnosis(a, ref):
         raise Fail("the grader could not run your diagnose on your profile")
     for r in results:
         if isinstance(r, dict) and "GroundTruthError" in str(r.get("error", "")):
-            raise Fail("your diagnose called the course's own rules (utils.profile_diagnosis, utils.diagnosis_cases "
-                       "or utils.profiling): write the rules yourself; it earns no points")
+            raise Fail("your diagnose called the course's own rules (utils.diagnosis.profile_diagnosis, utils.diagnosis.diagnosis_cases "
+                       "or utils.diagnosis.profiling): write the rules yourself; it earns no points")
     got = _pair(results[0], "your profile")
     if (a.BOTTLENECK, a.FIRST_FIX) != got:
         raise Fail(f"BOTTLENECK, FIRST_FIX = {(a.BOTTLENECK, a.FIRST_FIX)!r}, but your diagnose returns {got!r} on the "

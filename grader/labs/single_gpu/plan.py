@@ -1,18 +1,28 @@
 """Lab 01's plan: ``parts`` (what runs on a card), ``moments`` (memory peaks), ``MEASURED_PEAKS``."""
 from __future__ import annotations
 
-from utils.lab_memory import GPT2_VOCAB, Context, Moment, gib_of, lora_gib, loss_bytes, shape, states_gib, train_gib
-from utils.tier_plan import H100_HOW, H100_NO_VLLM, REHEARSED_T4, T4_HOW, T4_RUN, Card, MeasuredPeak, card_dtype
+from utils.course.lab_memory import (
+    GPT2_VOCAB,
+    Context,
+    Moment,
+    gib_of,
+    lora_gib,
+    loss_bytes,
+    shape,
+    states_gib,
+    train_gib,
+)
+from utils.course.tier_plan import H100_HOW, H100_NO_VLLM, REHEARSED_T4, T4_HOW, T4_RUN, Card, MeasuredPeak, card_dtype
 
 ASSIGNMENT = "01_single_gpu"
 
 
 def moments(s, c: Context) -> list[Moment]:
-    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.lab_memory.Context``)."""
+    """Where this lab's GPU memory peaks at sizes ``s`` in context ``c`` (``utils.course.lab_memory.Context``)."""
     vocab = -(-shape(s.model).vocab // 64) * 64  # the ladder pads the vocabulary to a multiple of 64
     loop = states_gib(s.model)  # a training loop's weights and AdamW state between steps (grads set to None)
     # ``naive`` stays referenced after its section; each rung's loop holds itself in a reference
-    # cycle (``TrainLoop.loss_fn = self._loss``, utils/training.py), so the rung before is freed
+    # cycle (``TrainLoop.loss_fn = self._loss``, utils/train/training.py), so the rung before is freed
     # only when Python's cycle collector runs: two loops beside the rung being measured
     d = 2 if c.half in ("bf16", "fp16") else 4
     unpadded = gib_of(loss_bytes(s.big_batch * s.seq_len, GPT2_VOCAB, d))  # cached, each block a little too small
@@ -28,7 +38,7 @@ def moments(s, c: Context) -> list[Moment]:
 
 def parts(card: Card, s, ok: bool, why: str):
     """``(runs, skipped, dtype, compiled, compile note)`` of this lab on ``card`` at sizes ``s``; ``ok, why``:
-    whether ``torch.compile`` runs there (``utils.tier_plan.compile_support``)."""
+    whether ``torch.compile`` runs there (``utils.course.tier_plan.compile_support``)."""
     d = card_dtype(card)
     amp = f"{d} autocast" if card.gpu else "fp32: autocast adds only casts on a CPU"
     runs = [f"naive loop (fp32, batch {s.naive_batch} x {s.seq_len}) and the ladder of fixes up to batch "

@@ -1,11 +1,11 @@
 """Lab 01's references: the grader's own measurements on this machine, or a learner's record.
 
 :func:`measure` (live) runs, in the grader's process after the notebook's kernel has gone, the course
-code the notebook's cells run: the naive loop (``utils.training``), timed several times
+code the notebook's cells run: the naive loop (``utils.train.training``), timed several times
 (:func:`grader.measuring.timed`, its band from the spread of those runs alone) and profiled
-(``utils.profiling``) and stepped on for as many steps as the optimized loop is timed for, for how
+(``utils.diagnosis.profiling``) and stepped on for as many steps as the optimized loop is timed for, for how
 far a loss falls in them (:func:`course_drop`); and the peak memory of
-LoRA recipes (``utils.training.measure_finetune``): the course's lean and heavy recipes and each
+LoRA recipes (``utils.train.training.measure_finetune``): the course's lean and heavy recipes and each
 single change between them, and, on demand, whatever recipe a learner gave (:meth:`Reference.peak`).
 Peaks of a fixed recipe and shape are nearly deterministic (on a CPU an account of tensor bytes,
 exactly so), so they are compared within :data:`MEMORY_BAND`.
@@ -22,9 +22,9 @@ from typing import Any
 
 from grader.labs.single_gpu import harness
 from grader.measuring import Measured, timed
-from utils import loop_audit
-from utils.profiling import profile_steps
-from utils.training import (
+from utils.diagnosis import loop_audit
+from utils.diagnosis.profiling import profile_steps
+from utils.train.training import (
     RECIPES,
     FinetuneRecipe,
     bitsandbytes_usable,

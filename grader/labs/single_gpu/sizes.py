@@ -10,7 +10,7 @@ ASSIGNMENT = "01_single_gpu"
 
 @dataclass(frozen=True)
 class Phase1Sizes(PrintsPlan):
-    model: str  # the training-loop model (utils/models.py preset)
+    model: str  # the training-loop model (utils/model/models.py preset)
     seq_len: int
     naive_batch: int  # the naive baseline's small batch
     big_batch: int  # the optimized loop's batch
@@ -23,7 +23,7 @@ class Phase1Sizes(PrintsPlan):
 
 BY_TIER = {
     "cpu": Phase1Sizes("gpt2-tiny", 64, 2, 8, 6, "llama-tiny", 2, 64, 0.5),
-    # t4: batch 16 x 512 is an estimated 14.5 GiB beside the naive loop (utils.lab_memory): too close to 15
+    # t4: batch 16 x 512 is an estimated 14.5 GiB beside the naive loop (utils.course.lab_memory): too close to 15
     "t4": Phase1Sizes("gpt2-small", 256, 4, 16, 12, "llama-1.1b", 4, 512, 2.0),
     # a100: sized for an L4 (22.5 GiB); batch 32 x 1024 eager peaked at 45.6 GiB on one H200 (training KV cache
     # on, benchmarks/RESULTS.md): measured, not an L4 figure

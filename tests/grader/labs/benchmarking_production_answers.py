@@ -1,6 +1,6 @@
 """Consistent lab-04 answers for any tier's sizes, as the notebook's export sends them: load-test
-results summarised by ``utils.loadgen`` itself from made-up request records, a sweep as
-``utils.loadgen.sweep`` lays it out, and a Reference standing for the grader's own runs. For the
+results summarised by ``utils.serving.loadgen`` itself from made-up request records, a sweep as
+``utils.serving.loadgen.sweep`` lays it out, and a Reference standing for the grader's own runs. For the
 judges' tests (tests/grader/labs/test_benchmarking_production.py) and to build a GPU record
 (tests/grader/labs/test_benchmarking_production_grading.py)."""
 from __future__ import annotations
@@ -17,9 +17,9 @@ from grader.labs import load
 from grader.labs.benchmarking_production import judges, reference
 from grader.names import RECORD_SCHEMA
 from grader.schema import loads
-from utils.loadgen import RequestRecord, Workload, summarize
-from utils.operating_point import HEADROOM, MIN_GOOD_FRACTION, candidate_row
-from utils.record import utils_hash
+from utils.capacity.operating_point import HEADROOM, MIN_GOOD_FRACTION, candidate_row
+from utils.measure.record import utils_hash
+from utils.serving.loadgen import RequestRecord, Workload, summarize
 
 ASSIGNMENT = "04_benchmarking_production"
 ENGINE = "vllm continuous batching, bf16"  # the label the grader's engine stands for here
@@ -28,7 +28,7 @@ OTHER = "vllm continuous batching, w8a8"
 
 def fake_run(w: Workload, label: str, ttft_ms: float, tpot_ms: float, gap_s: float) -> dict:
     """A loadgen result: ``w.num_requests`` requests ``gap_s`` apart, each ``ttft_ms`` to its first
-    token and ``tpot_ms`` per token after it (a little spread), summarised by utils.loadgen itself."""
+    token and ``tpot_ms`` per token after it (a little spread), summarised by utils.serving.loadgen itself."""
     recs = []
     for i in range(w.num_requests):
         sent = i * gap_s
@@ -50,7 +50,7 @@ def workload(sizes, base_url: str = "http://127.0.0.1:8000", **slo) -> Workload:
 
 
 def sweep(w: Workload, sizes, ttft_ms: float = 50.0, tpot_ms: float = 10.0) -> dict:
-    """``utils.loadgen.sweep(w, points=sizes.sweep_points)`` as it would come out: synchronous, throughput,
+    """``utils.serving.loadgen.sweep(w, points=sizes.sweep_points)`` as it would come out: synchronous, throughput,
     then the rates evenly spaced between their request rates, slower as the rate grows."""
     one = 1.2 * (ttft_ms + tpot_ms * (w.output_len - 1)) / 1e3  # one at a time: each sent when the last finished
     runs = [fake_run(dataclasses.replace(w, concurrency=1), "synchronous", ttft_ms, tpot_ms, one),

@@ -5,8 +5,8 @@ from __future__ import annotations
 from grader.labs.foundations import judges, reference
 from grader.labs.foundations.answers import KERNELS, ROOFS
 from grader.measuring import Measured
-from utils import matmul_sweep
-from utils.flops import bound, step_bound
+from utils.measure import matmul_sweep
+from utils.measure.flops import bound, step_bound
 from utils.units import gb_per_s, tflop_per_s
 
 # rates a CPU might measure in smoke mode (TFLOP/s, GB/s, tokens/s)

@@ -16,10 +16,10 @@ from grader.labs.hardware_and_cost import reference
 from grader.labs.hardware_and_cost.answers import ANSWERS
 from grader.measuring import Measured
 from grader.names import RECORD_SCHEMA
-from utils import accelerators, cost
-from utils.hardware import SPECS
-from utils.inference import estimate_tpot_ms
-from utils.record import utils_hash
+from utils.capacity import accelerators, cost
+from utils.device.hardware import SPECS
+from utils.measure.record import utils_hash
+from utils.serving.inference import estimate_tpot_ms
 
 # what a CPU might measure in smoke mode
 CPU_RATES = {"matmul": 0.1, "copy": 20.0, "samples_per_s": 40.0, "tpot": (3.0, 5.0, 8.0), "step_ms": 25.0,

@@ -21,8 +21,8 @@ from grader.labs.inference_serving import harness, judges
 from grader.labs.inference_serving import reference as R
 from grader.measuring import Measured
 from tests.nbcells import cell, src
-from utils import paged_batching as pb
-from utils.hardware import spec_for_name
+from utils.device.hardware import spec_for_name
+from utils.serving import paged_batching as pb
 from utils.units import gb_per_s
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -189,7 +189,7 @@ def gpu_answers(tier: str = "t4") -> dict:
 def gpu_record(tier: str = "t4", answers: dict | None = None) -> dict:
     """A measurement record of ``tier``'s GPU, as ``checks.save_record`` writes it there."""
     from grader.names import RECORD_SCHEMA
-    from utils.record import utils_hash
+    from utils.measure.record import utils_hash
 
     name, dtype, _ = GPU[tier]
     return {"schema": RECORD_SCHEMA, "assignment": ASSIGNMENT, "tier": tier, "smoke": False, "dtype": dtype,

@@ -13,8 +13,8 @@ from grader.labs.multi_gpu import reference
 from grader.labs.multi_gpu.answers import ANSWERS
 from grader.sandbox import Section
 from grader.schema import loads
-from utils import grad_sync, launch
-from utils.hardware import spec_for_name
+from utils.device.hardware import spec_for_name
+from utils.parallel import grad_sync, launch
 
 A = "02_multi_gpu"
 CPU_PLAN = launch.plan_for(0, True, "cpu", "/tmp")
@@ -66,7 +66,7 @@ def fake_run(sizes, world: int, tps: float, share: float | None = None, *, backe
 def allreduce_table(world: int = 2, backend: str = "gloo", sizes: str = CPU_PLAN.sizes.allreduce_sizes,
                     busbw: float = 0.45) -> dict:
     """A benchmarks/allreduce.py result: every size at ``busbw`` GB/s of bus bandwidth."""
-    from utils.distributed import parse_size_bytes
+    from utils.parallel.distributed import parse_size_bytes
 
     rows = []
     for size in (parse_size_bytes(x) for x in sizes.split(",")):

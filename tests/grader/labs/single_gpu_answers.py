@@ -16,10 +16,11 @@ from grader.labs.single_gpu.judges import FIRST_FIXES
 from grader.measuring import Measured
 from grader.names import RECORD_SCHEMA
 from grader.sandbox import Section
-from utils import diagnosis_cases, hardware
-from utils.profile_diagnosis import diagnose
-from utils.record import utils_hash
-from utils.training import RECIPES, naive_config, replace
+from utils.device import hardware
+from utils.diagnosis import diagnosis_cases
+from utils.diagnosis.profile_diagnosis import diagnose
+from utils.measure.record import utils_hash
+from utils.train.training import RECIPES, naive_config, replace
 
 A = "01_single_gpu"
 NAIVE_TPS, SPEEDUP = 2000.0, 4.0  # chosen: the grader's naive loop and the learner's optimized one
@@ -119,7 +120,7 @@ def fake_peak(peaks: dict | None = None):
 
 
 def FinetuneRecipeOf(fields: dict):  # noqa: N802 - a constructor
-    from utils.training import FinetuneRecipe
+    from utils.train.training import FinetuneRecipe
 
     return FinetuneRecipe(**fields)
 

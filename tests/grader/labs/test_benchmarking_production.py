@@ -5,7 +5,7 @@ sandbox; the rules for a grader's run that does not keep up; a record judged by 
 the grader's own engine and runs on this CPU.
 
 The answers are built here as the notebook's export would send them (load tests summarised by
-utils.loadgen itself from made-up requests); a Reference stands for the grader's runs. Graded
+utils.serving.loadgen itself from made-up requests); a Reference stands for the grader's runs. Graded
 through the real commands: tests/grader/labs/test_benchmarking_production_grading.py.
 """
 from __future__ import annotations
@@ -239,10 +239,10 @@ def test_a_scrape_of_the_notebooks_own_page_fails_on_the_graders():
 # -- the course's own implementations, through the real sandboxes ---------------------------------------
 
 HOSTILE = {  # answer cell -> source: each reaches for the course's implementation of its rule
-    "percentile_answer": "def percentile(values, p):\n    from utils.timing import _quantile\n"
+    "percentile_answer": "def percentile(values, p):\n    from utils.measure.timing import _quantile\n"
                          "    return _quantile(sorted(values), p / 100)\n",
-    "metrics_answer": ("def latency_metrics(trace):\n    from utils.loadgen import summarize\n"
-                       "    from utils.loadgen.trace import records_from_trace\n"
+    "metrics_answer": ("def latency_metrics(trace):\n    from utils.serving.loadgen import summarize\n"
+                       "    from utils.serving.loadgen.trace import records_from_trace\n"
                        "    s = summarize(records_from_trace(trace), duration_s=1.0)\n"
                        "    return {m: {k: s[m][k] for k in ('mean', 'p50', 'p90', 'p95', 'p99')} for m in "
                        "('ttft_ms', 'tpot_ms', 'itl_ms', 'e2el_ms')}\n"),
@@ -288,8 +288,8 @@ def test_the_sandboxes_run_the_solutions_and_trip_the_course_implementations(tmp
             assert not answers[c.cell].ground_truth, c.cell
             c.judge(answers[c.cell], None)
     hostile = _graded_calls(_notebook(HOSTILE), tmp_path / "hostile")
-    tripped = {"test_percentile": "utils.timing:_quantile", "test_metrics": "utils.loadgen.trace:records_from_trace",
-               "test_capacity": "utils.operating_point:step_rate",
+    tripped = {"test_percentile": "utils.measure.timing:_quantile", "test_metrics": "utils.serving.loadgen.trace:records_from_trace",
+               "test_capacity": "utils.capacity.operating_point:step_rate",
                "test_gpu_limits": "grader.labs.benchmarking_production.judges:reference_gpu_limits"}
     for cell_, target in tripped.items():
         assert hostile[cell_].ground_truth and hostile[cell_].ground_truth[0] == target, (cell_, hostile[cell_].ground_truth)
@@ -353,7 +353,7 @@ def test_an_edited_or_invented_sweep_fails():
          "duration_s"),
         (step(2, lambda r: r["workload"].update(request_rate=r["workload"]["request_rate"] * 1.3)), "spaces its rates evenly"),
         (dict(sw, runs=sw["runs"][:-1]), "the sweep has 3 steps"),
-        (step(0, lambda r: r["workload"].update(concurrency=None)), "not the step utils.loadgen.sweep runs there"),
+        (step(0, lambda r: r["workload"].update(concurrency=None)), "not the step utils.serving.loadgen.sweep runs there"),
         (step(2, lambda r: r["workload"].update(output_len=r["workload"]["output_len"] + 1)), "output_len"),
     ]
     for bad, named in cases_:

@@ -3,15 +3,15 @@ the reference answers (full automatic marks), the untouched release (0), two hos
 written by a learner who read the grader, one of them with a GPU record beside it (its measured
 cells judged from the record: provisional, counted only with ``--count-provisional``).
 
-- ``course``: the course's own implementations called from the answer cells (``utils.timing``'s
-  quantile, ``utils.loadgen.summarize``, ``utils.operating_point.step_rate``), a scrape that returns
+- ``course``: the course's own implementations called from the answer cells (``utils.measure.timing``'s
+  quantile, ``utils.serving.loadgen.summarize``, ``utils.capacity.operating_point.step_rate``), a scrape that returns
   the notebook's own page, a pod written for the notebook's own arguments; the measured part left
   undone (the load runs are the expensive part of this test). Scores the two cells it wrote
   honestly. (Importing the grader's own rules is the screen's to hold: grader/screen.py.) A T4 record
   beside it: its measured cells are judged from the record, provisionally, counted only with
   ``--count-provisional`` (a second batch of that one notebook).
 - ``forged``: the sweep and the operating run made up in the kernel (consistent, built with
-  ``utils.loadgen.summarize`` from invented requests, every token in 0.01 ms): the workload's unloaded
+  ``utils.serving.loadgen.summarize`` from invented requests, every token in 0.01 ms): the workload's unloaded
   runs and the operating run are faster than the grader's own engine, so those cells fail; the
   rule cells it wrote honestly pass (``test_capacity`` applies the rule to whatever sweep it is
   given: whether the sweep ran is ``test_workload``'s question).
@@ -42,10 +42,10 @@ UNDONE = "raise NotImplementedError()"
 NO_VLLM = {"GPULAB_VLLM_PYTHON": "/nonexistent/no-vllm-for-these-runs"}  # transformers serve: see the docstring
 
 COURSE = {  # answer cell -> what a learner who read the grader writes there
-    "percentile_answer": "def percentile(values, p):\n    from utils.timing import _quantile\n"
+    "percentile_answer": "def percentile(values, p):\n    from utils.measure.timing import _quantile\n"
                          "    return _quantile(sorted(values), p / 100)\n",
-    "metrics_answer": ("def latency_metrics(trace):\n    from utils.loadgen import summarize\n"
-                       "    from utils.loadgen.trace import records_from_trace\n"
+    "metrics_answer": ("def latency_metrics(trace):\n    from utils.serving.loadgen import summarize\n"
+                       "    from utils.serving.loadgen.trace import records_from_trace\n"
                        "    s = summarize(records_from_trace(trace), duration_s=1.0)\n"
                        "    return {m: {k: s[m][k] for k in ('mean', 'p50', 'p90', 'p95', 'p99')} for m in "
                        "('ttft_ms', 'tpot_ms', 'itl_ms', 'e2el_ms')}\n\nmine = latency_metrics(TRACE)\n"),
@@ -69,10 +69,10 @@ COURSE_HONEST = {"test_gpu_limits": 2, "test_time_slicing": 1}
 
 FORGE = '''
 import numpy as np
-from utils.loadgen import RequestRecord, summarize
+from utils.serving.loadgen import RequestRecord, summarize
 
 def made_up(w, label, gap_s):
-    """a result of loadgen.run, every token in 0.01 ms, summarised by utils.loadgen itself"""
+    """a result of loadgen.run, every token in 0.01 ms, summarised by utils.serving.loadgen itself"""
     recs = []
     for i in range(w.num_requests):
         e2el = 0.001 + 1e-5 * (w.output_len - 1)

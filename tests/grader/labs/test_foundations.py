@@ -22,8 +22,8 @@ from grader.labs.foundations.answers import ANSWERS, KERNELS, ROOFS
 from grader.measuring import Measured
 from grader.schema import loads
 from tests.grader.labs import foundations_answers as made
-from utils import matmul_sweep
-from utils.flops import bound
+from utils.measure import matmul_sweep
+from utils.measure.flops import bound
 from utils.units import tflop_per_s
 
 CTX = context.live("00_foundations")

@@ -27,9 +27,9 @@ from grader.labs.hardware_and_cost.answers import ANSWERS
 from grader.sandbox import _build
 from grader.schema import loads
 from tests.grader.labs import hardware_and_cost_answers as made
-from utils import (
-    cost,
-    topology,
+from utils.capacity import cost
+from utils.device import topology
+from utils.tpu import (
     tpu_pod,
     xla,  # noqa: F401  (asks XLA for 8 CPU devices before anything starts JAX)
 )
@@ -310,7 +310,7 @@ def test_an_inconsistent_candidate_list_or_answer_fails():
 
 
 def test_beyond_gpus_must_come_from_the_middle_batch_and_the_right_numbers():
-    from utils import accelerators
+    from utils.capacity import accelerators
 
     base = answers()["test_beyond_gpus"]
     dec, slo, month = base["decode"], base["TPOT_SLO_MS"], base["MONTHLY_TOKENS"]
@@ -444,7 +444,7 @@ def cpu_devices():
     import jax
 
     if len(jax.devices("cpu")) < 8:
-        pytest.skip("JAX started before utils.xla asked for 8 CPU devices: run this file in a fresh process")
+        pytest.skip("JAX started before utils.tpu.xla asked for 8 CPU devices: run this file in a fresh process")
 
 
 def test_the_sharded_matmul_passes_on_drawn_meshes_and_layouts(cpu_devices):

@@ -6,7 +6,7 @@ One ``python -m grader autograde --jobs 2`` batch grades (smoke mode, this CPU):
   measured cells measured live;
 - ``release``: the untouched release: 0, with a message per cell;
 - ``hostile``: the reference answers changed by a learner who has read the grader: RNG functions that
-  call the course's own (``utils.checkpoint``), a spot cost from ``utils.cost.spot_job``, a typed-in
+  call the course's own (``utils.train.checkpoint``), a spot cost from ``utils.capacity.cost.spot_job``, a typed-in
   ``samples_per_s``, a ``sharded_matmul`` that places on the notebook's 4 x 2 mesh whatever mesh it is
   given and bytes per device from a table of the notebook's two examples. Exactly those cells score 0;
 - ``record``: the untouched release submitted with a consistent measurement record of a T4: its
@@ -28,7 +28,7 @@ import pytest
 
 from tests.grader.labs import hardware_and_cost_answers as made
 from tests.nbcells import autograde, cell, messages, scores, src
-from utils.checkpoint import COMPONENTS
+from utils.train.checkpoint import COMPONENTS
 
 pytestmark = pytest.mark.slow
 
@@ -112,8 +112,8 @@ def test_a_hostile_submission_loses_exactly_the_cells_it_cheated_on(batch):
     assert {c for c, s in got.items() if s == 0} == set(HOSTILE_CELLS), messages(r)
     assert all(got[c] == p for c, p in POINTS.items() if c not in HOSTILE_CELLS), messages(r)
     msgs = {c["cell"]: c["message"] for c in r["cells"]}
-    assert "utils.checkpoint.capture_rng_state, the course's own implementation" in msgs["test_resume"]
-    assert "utils.cost.spot_job, the course's own implementation" in msgs["test_spot"]
+    assert "utils.train.checkpoint.capture_rng_state, the course's own implementation" in msgs["test_resume"]
+    assert "utils.capacity.cost.spot_job, the course's own implementation" in msgs["test_spot"]
     assert "samples_per_s" in msgs["test_measured_costs"]
     # the notebook's mesh in place of the given one: wrong devices, or an axis of the drawn specs it lacks
     assert re.search(r"sharded_matmul was wrong on \d of \d hidden meshes.*(lives on devices|Resource axis)",

@@ -47,8 +47,8 @@ def grade(nb: dict, cells: tuple[str, ...], tmp: Path, seed: int = 5) -> dict:
 
 
 CHEATS = {  # answer cell: (a line of the solution, a line that calls the course's implementation first)
-    "speedup_answer": ("    def roof(spec):", "    return __import__('utils.flops').flops.attainable_tflops(intensity, "
-                       "to_spec.peak_tflops(dtype), to_spec.bandwidth_gbs) / __import__('utils.flops').flops."
+    "speedup_answer": ("    def roof(spec):", "    return __import__('utils.measure.flops').flops.attainable_tflops(intensity, "
+                       "to_spec.peak_tflops(dtype), to_spec.bandwidth_gbs) / __import__('utils.measure.flops').flops."
                        "attainable_tflops(intensity, from_spec.peak_tflops(dtype), from_spec.bandwidth_gbs)\n"
                        "    def roof(spec):"),
     "cost_functions": ("    return usd_per_gpu_hour / (samples_per_s * 3600)",
@@ -60,9 +60,9 @@ CHEATS = {  # answer cell: (a line of the solution, a line that calls the course
     "pod_answer": ("    total = itemsize\n", "    return tpu_pod.jax_shard_bytes(shape, {1: 'int8', 2: 'float16', 4: "
                    "'float32', 8: 'float64'}[itemsize], mesh_shape, spec)[0]\n    total = itemsize\n"),
 }
-TRIPPED = {"test_speedup": "utils.flops.attainable_tflops", "test_cost_functions": "utils.cost.cost_per_sample_usd",
-           "test_spot": "utils.cost.spot_job", "test_topology": "utils.topology.slowest_gpu_link",
-           "test_shard_bytes": "utils.tpu_pod.jax_shard_bytes"}
+TRIPPED = {"test_speedup": "utils.measure.flops.attainable_tflops", "test_cost_functions": "utils.capacity.cost.cost_per_sample_usd",
+           "test_spot": "utils.capacity.cost.spot_job", "test_topology": "utils.device.topology.slowest_gpu_link",
+           "test_shard_bytes": "utils.tpu.tpu_pod.jax_shard_bytes"}
 
 
 def test_every_forbidden_course_implementation_is_a_tripwire_and_a_forgetful_restore_fails_the_resume(tmp_path):

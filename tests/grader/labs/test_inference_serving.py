@@ -14,7 +14,7 @@ from grader.expect import Fail, Unusable
 from grader.labs.inference_serving import judges
 from grader.labs.inference_serving import reference as R
 from tests.grader.labs import inference_serving_cases as C
-from utils import paged_batching as pb
+from utils.serving import paged_batching as pb
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_decode_rules(sol):
     fails(judges.decode, *decode_case(sol, values=v), r"copy\['gbs'\]")
     v = C.decode_values(ctx)
     v["decode"]["eager"]["t1"]["p20_ms"] = 99.0
-    fails(judges.decode, *decode_case(sol, values=v), "not a timing from utils.timing.benchmark")
+    fails(judges.decode, *decode_case(sol, values=v), "not a timing from utils.measure.timing.benchmark")
     # numbers made up consistently, twenty times faster than the grader's runs
     fast = C.decode_values(ctx, {"eager": 0.5, "static_compiled": 0.4, "fast": 0.2})
     fails(judges.decode, *decode_case(sol, values=fast), r"decode\['eager'\]\['tpot_ms'\] = .* but the grader measured")

@@ -31,8 +31,8 @@ NO_VLLM = {"GPULAB_VLLM_PYTHON": "/nonexistent/no-vllm-for-these-runs"}
 
 COURSE_CALCULATOR = '''def kv_cache_calculator(layers, kv_heads, head_dim, dtype, batch, context, kv_memory_gib, block_size=16):
     """vLLM's own arithmetic, from the course."""
-    from utils.kvcache import KVSpec, dtype_bytes
-    from utils.vllm_kv import vllm_plan
+    from utils.kv.kvcache import KVSpec, dtype_bytes
+    from utils.kv.vllm_kv import vllm_plan
 
     p = vllm_plan(KVSpec(layers, kv_heads, head_dim, dtype_bytes(dtype)), context, int(kv_memory_gib * 2**30),
                   batch=batch, block_size=block_size, token_formula="blocks")
@@ -95,8 +95,8 @@ def test_the_course_arithmetic_behind_the_learners_names_earns_nothing(tmp_path,
     ctx = C.context()
     verdicts = _judge(nb, {"test_kv_calculator": {}, "test_decode": C.decode_values(ctx),
                            "test_kv_growth": C.growth_values(ctx)}, tmp_path, monkeypatch)
-    for c, fn in (("test_kv_calculator", "utils.kvcache.dtype_bytes"), ("test_kv_growth", "utils.kvcache.dtype_bytes"),
-                  ("test_decode", "utils.inference.decode_bytes_per_step")):
+    for c, fn in (("test_kv_calculator", "utils.kv.kvcache.dtype_bytes"), ("test_kv_growth", "utils.kv.kvcache.dtype_bytes"),
+                  ("test_decode", "utils.serving.inference.decode_bytes_per_step")):
         v = verdicts[c]
         assert v.points == 0 and f"your answer called {fn}, the course's own implementation" in v.message, v
 

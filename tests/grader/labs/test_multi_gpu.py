@@ -25,9 +25,9 @@ from grader.labs.multi_gpu.answers import ANSWERS
 from grader.sandbox import Sandbox, Section
 from tests.grader.labs import multi_gpu_answers as made
 from tests.nbcells import cell, points, src
-from utils import grad_sync, zero_memory
-from utils.distributed import memory_per_gpu
-from utils.fused import INTERPRETED, bias_gelu_reference
+from utils.parallel import grad_sync, zero_memory
+from utils.parallel.distributed import memory_per_gpu
+from utils.train.fused import INTERPRETED, bias_gelu_reference
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCE = ROOT / "grader" / "source" / made.A / f"{made.A}.ipynb"
@@ -96,7 +96,7 @@ def test_a_wrong_rule_fails_on_the_drawn_cases(name, wrong, kind):
 
 
 def test_min_tp_and_the_70b_count():
-    from utils.model_shapes import llama_70b_params
+    from utils.model.model_shapes import llama_70b_params
 
     assert judges.llama_params() == llama_70b_params() == 70_553_706_496
     assert judges.min_tp() == 4
@@ -587,7 +587,7 @@ def _box(tmp_path: Path, defs: str, forbid: tuple, strict: bool = True, imports=
 
 
 HOSTILE = '''
-from utils import distributed
+from utils.parallel import distributed
 def memory_per_gpu_gb(n_params, n_devices, stage, weight_bytes=2, grad_bytes=2, optim_bytes=12):
     return distributed.memory_per_gpu(n_params, n_devices, stage, param_bytes=weight_bytes, grad_bytes=grad_bytes,
                                       optimizer_bytes_per_param=optim_bytes)["total_gb"]
@@ -609,7 +609,7 @@ def test_in_a_sandbox_calling_the_course_or_a_table_of_answers_fails(tmp_path):
         for name, cases_ in drawn.items():
             got = box.call(name, cases_)
             assert all("GroundTruthError" in r["error"] for r in got), got[:2]
-        assert box.ground_truth[0].startswith("utils.distributed:")
+        assert box.ground_truth[0].startswith("utils.parallel.distributed:")
     # a table: the right answers for seed 5's cases, looked up by their inputs; another seed draws others
     good = solution("memory_answer")["memory_per_gpu_gb"]
     table = {json.dumps(c): good(*c) for c in drawn["memory_per_gpu_gb"]}
@@ -654,7 +654,7 @@ def fused_bias_gelu(x, bias, block=1024):
     untimed = {k: v for k, v in params.items() if k != "time"}  # on a GPU its timed sections would stop the harness
     with _box(tmp_path / "c", cheat, judges.FUSED_RULES, strict) as box:
         r, _ = box.harness("grader.labs.multi_gpu.harness:fused_kernel", untimed)
-        assert set(box.ground_truth) == {"utils.fused:bias_gelu_reference"}
+        assert set(box.ground_truth) == {"utils.train.fused:bias_gelu_reference"}
     with pytest.raises(Fail, match="GroundTruthError"):
         judges.fused_kernel_judge(Answers({}, inputs={"fused": untimed}, harness=r), None)
 

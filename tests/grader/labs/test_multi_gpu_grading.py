@@ -30,8 +30,8 @@ from grader.labs import sizes as lab_sizes
 from grader.names import RECORD_SCHEMA
 from tests.grader.labs import multi_gpu_answers as made
 from tests.nbcells import autograde, cell, src
-from utils import grad_sync
-from utils.record import utils_hash
+from utils.measure.record import utils_hash
+from utils.parallel import grad_sync
 
 ROOT = Path(__file__).resolve().parents[3]
 A = made.A
@@ -70,9 +70,9 @@ COURSE_CALLS = {
     "memory_answer": "from utils import distributed\n\ndef memory_per_gpu_gb(n_params, n_devices, stage, weight_bytes=2, "
                      "grad_bytes=2, optim_bytes=12):\n    return distributed.memory_per_gpu(n_params, n_devices, stage, "
                      "param_bytes=weight_bytes, grad_bytes=grad_bytes, optimizer_bytes_per_param=optim_bytes)['total_gb']\n",
-    "busbw_answer": "from utils.distributed import algbw_gbs, busbw_gbs\n\ndef bus_bandwidth_gbs(n_bytes, time_us, n_ranks):\n"
+    "busbw_answer": "from utils.parallel.distributed import algbw_gbs, busbw_gbs\n\ndef bus_bandwidth_gbs(n_bytes, time_us, n_ranks):\n"
                     "    return busbw_gbs(algbw_gbs(n_bytes, time_us * 1e-6), n_ranks)\n",
-    "parallel_answer": "import utils.distributed as D\n\ndef weights_per_gpu_gb(n_params, n_layers, tp, pp, bytes_per_param=2):\n"
+    "parallel_answer": "import utils.parallel.distributed as D\n\ndef weights_per_gpu_gb(n_params, n_layers, tp, pp, bytes_per_param=2):\n"
                        "    return D.parallel_weight_bytes_per_gpu(n_params, n_layers, tp=tp, pp=pp, "
                        "bytes_per_param=bytes_per_param) / 1e9\n\nMIN_TP = 4\n",
 }

@@ -27,8 +27,8 @@ from grader.labs.single_gpu.answers import ANSWERS
 from grader.schema import loads
 from tests.grader.labs import single_gpu_answers as made
 from tests.nbcells import cell, src
-from utils.profile_diagnosis import ProfileSummary, diagnose
-from utils.training import RECIPES, naive_config, replace, with_changes
+from utils.diagnosis.profile_diagnosis import ProfileSummary, diagnose
+from utils.train.training import RECIPES, naive_config, replace, with_changes
 
 ROOT = Path(__file__).resolve().parents[3]
 SOURCE = ROOT / "grader" / "source" / "01_single_gpu" / "01_single_gpu.ipynb"
@@ -139,7 +139,7 @@ def test_the_reference_diagnose_is_right_on_every_unseen_loop():
 
 
 def test_the_reference_diagnose_is_right_on_many_draws():
-    from utils.diagnosis_cases import synthetic_cases
+    from utils.diagnosis.diagnosis_cases import synthetic_cases
 
     for seed in range(30):
         for name, s in synthetic_cases(seed):
@@ -252,7 +252,7 @@ def test_an_edited_or_foreign_profile_or_a_call_to_the_course_fails():
     with pytest.raises(Fail, match="was edited"):
         judge("test_diagnosis", edited, harness_out=diagnosed(edited["profile"]))
     with pytest.raises(Fail, match="called the course's own rules"):
-        judge("test_diagnosis", a, harness_out=[{"error": "GroundTruthError: utils.profile_diagnosis.diagnose is "
+        judge("test_diagnosis", a, harness_out=[{"error": "GroundTruthError: utils.diagnosis.profile_diagnosis.diagnose is "
                                                           "the course's implementation"}] * 3)
     waits = made.summary(CPU)  # the grader's CPU profile of the naive loop, waiting on its DataLoader
     waits = dataclasses.replace(waits, loader_wait_fraction=0.6, loader_wait_ms_per_step=0.6 * waits.step_time_ms)
@@ -318,7 +318,7 @@ def test_numbers_the_notebook_did_not_measure_fail():
 ], ids=["tokens", "steps_missing", "every_other_step", "never_steps", "sync_every_step", "sync_beyond_the_scaler",
         "barely_trains", "diverges", "loss_over_accumulation", "fp32_tolerance", "fp16_two_skipped"])
 def test_the_audit_rules_fail_the_graders_audit_and_the_notebooks(changes, named):
-    from utils.loop_audit import problems
+    from utils.diagnosis.loop_audit import problems
 
     ok = made.audit_report(512, "bf16")
     assert problems(ok) == [] and problems({**ok, "precision": "fp16", "steps_that_updated": 3}) == []
@@ -474,7 +474,8 @@ def test_every_graded_cell_has_a_judge_and_answers():
 PRELUDE = definitions.job(json.loads(SOURCE.read_text()))["prelude"]
 HOSTILE = '''
 import types
-from utils import flops, profile_diagnosis
+from utils.measure import flops
+from utils.diagnosis import profile_diagnosis
 
 def tokens_per_second(tokens_per_step, step_ms):
     return tokens_per_step / (step_ms * 1e-3)
@@ -513,9 +514,9 @@ def _run(tmp_path, definitions_src: str, seed: int = 5) -> dict:
 @pytest.mark.slow
 def test_in_a_sandbox_calling_the_course_or_a_table_of_answers_fails(tmp_path):
     a = _run(tmp_path, HOSTILE)
-    assert a["test_rates"].ground_truth and a["test_rates"].ground_truth[0].startswith("utils.flops:mfu")
+    assert a["test_rates"].ground_truth and a["test_rates"].ground_truth[0].startswith("utils.measure.flops:mfu")
     assert any(not c.ok and "GroundTruthError" in c.error for c in a["test_rates"].calls["mfu"])
-    assert "utils.profile_diagnosis:diagnose" in a["test_unseen"].ground_truth
+    assert "utils.diagnosis.profile_diagnosis:diagnose" in a["test_unseen"].ground_truth
     reference_src = "\n".join(src(cell(json.loads(SOURCE.read_text()), g)) for g in ("rates_functions", "diagnose_function"))
     good = _run(tmp_path, reference_src)
     assert not good["test_rates"].ground_truth and not good["test_unseen"].ground_truth

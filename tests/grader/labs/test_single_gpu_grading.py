@@ -6,8 +6,8 @@ apart and not counted (``--count-provisional`` would count them).
 
 The hostile submission, one trick per cell, each passing the notebook's visible tests:
 
-- ``mfu`` calls the course's ``utils.flops.mfu_from_throughput``; ``diagnose`` calls the course's
-  ``utils.profile_diagnosis.diagnose``: in the grader's sandbox those are tripwires;
+- ``mfu`` calls the course's ``utils.measure.flops.mfu_from_throughput``; ``diagnose`` calls the course's
+  ``utils.diagnosis.profile_diagnosis.diagnose``: in the grader's sandbox those are tripwires;
 - ``baseline_tps`` is the text's H200 figure, the Stopwatch summary rebuilt to agree with it (and put back
   before the optimized cell, so that its speedup is honest);
 - ``FastLoop`` trains honestly in the notebook and while audited, and under the grader's timing (it knows the
@@ -114,9 +114,9 @@ def test_a_hostile_submission_scores_only_its_honest_work(graded):
     got = cells(graded, "hostile")
     text = messages(graded["results"]["hostile"])
     assert {c: got[c]["score"] for c in AUTO} == dict.fromkeys(AUTO, 0) | {"test_cause": 2}, text
-    assert "called utils.flops.mfu_from_throughput" in got["test_rates"]["message"], text
-    assert "utils.profile_diagnosis.diagnose" in got["test_unseen"]["message"], text
-    assert "utils.profile_diagnosis.diagnose, the course's own implementation" in got["test_diagnosis"]["message"], text
+    assert "called utils.measure.flops.mfu_from_throughput" in got["test_rates"]["message"], text
+    assert "utils.diagnosis.profile_diagnosis.diagnose" in got["test_unseen"]["message"], text
+    assert "utils.diagnosis.profile_diagnosis.diagnose, the course's own implementation" in got["test_diagnosis"]["message"], text
     assert "baseline_tps = 4.21e+04 tokens/s, but the grader measured" in got["test_baseline"]["message"], text
     assert "must fall at least 0.25x as far" in got["test_optimized"]["message"], text
     assert "lora_peak_gib = 4.09 GiB, but the grader measured" in got["test_finetune"]["message"], text
