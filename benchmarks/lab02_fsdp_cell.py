@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from grader.labs.multi_gpu.sizes import BY_TIER
+
 KEEP = ("world_size", "distributed_type", "fsdp_version", "sharding_strategy", "tokens_per_s_per_device",
         "scaling_efficiency", "peak_allocated_gib_per_rank", "fsdp_mixed_precision")
 
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lab02_fsdp_cell.py: error: cannot create --out {a.out}: {exc}", file=sys.stderr)
         return 2
     n = torch.cuda.device_count()
-    p = launch.plan_for(max(n, 2), False, a.tier, str(a.out))._replace(nproc=n, n_gpus=n)
+    p = launch.plan_for(max(n, 2), False, a.tier, BY_TIER, str(a.out))._replace(nproc=n, n_gpus=n)
     out: dict = {"gpus": n, "tier": a.tier}
     try:  # run_training raises RuntimeError with the failing launch's one-line reason and its log
         one = launch.run_training(p, 1, "fsdp_1", config="fsdp_full_shard")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from grader.labs.multi_gpu.sizes import BY_TIER
 from utils.parallel import launch
 
 
@@ -27,7 +28,7 @@ def torchrun_output(tmp_path: Path, body: str) -> str:
         """))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(script)], capture_output=True, text=True, timeout=120, env=launch.launch_env(
-                               launch.plan_for(0, True, "cpu", str(tmp_path))))
+                               launch.plan_for(0, True, "cpu", BY_TIER, str(tmp_path))))
     assert proc.returncode != 0, proc.stdout + proc.stderr
     return proc.stderr + "\n" + proc.stdout
 

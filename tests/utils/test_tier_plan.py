@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from grader import labs, tier_table
+from grader.labs.multi_gpu.sizes import BY_TIER
 from utils.course import env, lab_memory, tier_plan
 from utils.course.tier_plan import CARDS, CONTEXT_GIB, MARGIN
 from utils.device import rehearsal
@@ -66,7 +67,7 @@ def device(monkeypatch):
 
 def _device_cell_sizes(lab: str):
     """What the lab's device cell binds to SIZES (lab 02: the launch plan's sizes)."""
-    return launch.plan().sizes if lab == "02_multi_gpu" else labs.sizes(lab)
+    return launch.plan(BY_TIER).sizes if lab == "02_multi_gpu" else labs.sizes(lab)
 
 
 def _check(plan: tier_plan.LabPlan) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grader.labs.multi_gpu.sizes import BY_TIER
 from utils.parallel import launch
 from utils.parallel import zero_memory as Z
 
@@ -28,7 +29,7 @@ def _numel(shape) -> int:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
-    return Z.run(launch.plan_for(0, True, "cpu", str(tmp_path_factory.mktemp("zero"))), verbose=False)
+    return Z.run(launch.plan_for(0, True, "cpu", BY_TIER, str(tmp_path_factory.mktemp("zero"))), verbose=False)
 
 
 def _zero1_elements(shapes, n: int) -> list[int]:

@@ -26,6 +26,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from utils.course import exercise_hints
+from utils.serving import engines
+
 PIP_TIMEOUT_S = 1800  # one package; vLLM's own install goes through utils/serving/engines.py
 INSTALL_VLLM_VAR = "GPULAB_INSTALL_VLLM"  # 0: a serving lab on a GPU does not install vLLM
 GRADING_VAR = "GPULAB_GRADING"  # "1" while a grader runs the notebook: nothing is installed then (grader/names.py)
@@ -135,7 +138,6 @@ def grading() -> bool:
 
 
 def _vllm_line() -> str:
-    from utils.serving import engines
 
     try:
         return engines.ensure_vllm(install_on_gpu=os.environ.get(INSTALL_VLLM_VAR, "1") != "0" and not grading())
@@ -148,7 +150,6 @@ def _no_install(requirement: str) -> str:
 
 
 def _install_hints(lab: str, repo: str | Path) -> object:
-    from utils.course import exercise_hints
 
     return exercise_hints.install(lab, repo)
 

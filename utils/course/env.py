@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from utils.course.tier_plan import gpu_tier
 from utils.device import rehearsal
 from utils.device.rehearsal import TIER_VAR  # force a tier, e.g. GPULAB_TIER=t4 on a big GPU to rehearse
 
@@ -69,7 +70,6 @@ def device_tier() -> str:
         return "cpu"
     import torch
 
-    from utils.course.tier_plan import gpu_tier
 
     major, _ = torch.cuda.get_device_capability(0)
     return gpu_tier(major, torch.cuda.get_device_properties(0).total_memory / 2**30)

@@ -45,6 +45,7 @@ from functools import cache
 
 from utils.measure.memory import cross_entropy_bytes, training_memory_estimate, transformer_activation_bytes
 from utils.measure.timing import FLUSH_BYTES
+from utils.model.models import preset_config_dict
 from utils.units import GIB
 
 LORA_R = 16  # utils.train.training.FinetuneRecipe.lora_r, on every linear layer
@@ -97,7 +98,6 @@ class Shape:
 
 @cache
 def shape(preset: str) -> Shape:
-    from utils.model.models import preset_config_dict
 
     c = preset_config_dict(preset)
     if c.get("model_type") == "gpt2":

@@ -67,13 +67,15 @@ measurement that runs beside a sandbox on the same GPU is neither planned nor me
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from utils.course import lab_memory
-from utils.device import rehearsal
+from utils.device import hardware, rehearsal
+from utils.serving import engines
 
 MARGIN = 0.15  # added to every estimate of a process's peak: a chosen headroom (see the module docstring)
 # CUDA context per process on a GPU, measured device-wide on one H200 (torch 2.11.0+cu130,
@@ -344,7 +346,6 @@ def lab_summary(p: LabPlan) -> str:
 def current_card(smoke: bool) -> Card:
     """The card this process runs on (the CPU in smoke mode): the rehearsed one under
     ``GPULAB_TIER`` (``utils.device.rehearsal``)."""
-    from utils.device import hardware
 
     if smoke:
         return CARDS["cpu"]
@@ -367,9 +368,7 @@ def software_absent() -> tuple[tuple[str, str], ...]:
     """The optional packages a GPU lab uses that this machine cannot use, each with the one-line
     reason the lab itself gives: vLLM (``utils.serving.engines.available``, what lab 03's and 04's engine
     choice reads) and bitsandbytes (``utils.model.quantize``)."""
-    import importlib.util
 
-    from utils.serving import engines
 
     absent = []
     ok, why = engines.available("vllm")

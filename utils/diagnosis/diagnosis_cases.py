@@ -23,7 +23,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from utils.device import rehearsal
 from utils.diagnosis import profile_diagnosis as D
+from utils.diagnosis.profiling import profile_steps
 from utils.diagnosis.trace_metrics import OpStat
 
 SYNTHETIC = D.BOTTLENECKS  # every verdict has synthetic cases
@@ -174,7 +176,6 @@ def _matmuls(device: Any, n: int = 4096, gpu_ms: float = 10.0):
     """``reps`` half-precision ``n x n`` matmuls, ``reps`` chosen to take about ``gpu_ms`` here."""
     import torch
 
-    from utils.device import rehearsal
 
     dtype = rehearsal.half_torch_dtype(torch.device(device).index or 0)
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
@@ -271,7 +272,6 @@ def profiled(device: Any = None, steps: int = 3) -> list[tuple[str, D.ProfileSum
     device (:data:`LOOPS_GPU` with a GPU, :data:`LOOPS_CPU` without), profiled here and now."""
     import torch
 
-    from utils.diagnosis.profiling import profile_steps
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     loops = LOOPS_GPU if str(device).startswith("cuda") else LOOPS_CPU

@@ -29,9 +29,18 @@ measurement record is judged by the same rules (``grader/labs/single_gpu/judges.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import os
+import sys
+import sysconfig
 import warnings
 from typing import Any
+
+from utils.measure.flops import flops_per_token_from_config
+from utils.model.models import TokenBlocks, get_tokenizer, preset_config
+from utils.train.training import LoopConfig, RepeatedBlocks, best_precision, build_loop, measure_loop, naive_config
+from utils.validate import positive_int
 
 AUDIT_STEPS = 4  # steps watched; enough for a loop that logs every few steps to show it
 WARMUP_STEPS = 1  # steps run first and not watched for syncs: a compiled loop compiles in its first call
@@ -47,8 +56,6 @@ def loop_dataset(seq_len: int, vocab_size: int, length: int = 100_000):
     """The course's training data as a map-style dataset of ``(input_ids, labels)`` blocks of
     ``seq_len`` tokens: the naive loop's (``utils.train.training.make_loader``), long enough that an
     epoch never ends during a lab."""
-    from utils.model.models import TokenBlocks, get_tokenizer
-    from utils.train.training import RepeatedBlocks
 
     return RepeatedBlocks(TokenBlocks(get_tokenizer(None), None, seq_len, vocab_size=vocab_size), length)
 
@@ -56,7 +63,6 @@ def loop_dataset(seq_len: int, vocab_size: int, length: int = 100_000):
 def fresh_model(preset: str, seq_len: int, device: Any = None, seed: int = 0):
     """The model the course's naive loop starts from, built the way it builds it
     (``utils.train.training.TrainLoop``, the same seed), in train mode, without a KV cache."""
-    from utils.train.training import build_loop, naive_config
 
     return build_loop(preset, naive_config(1, seq_len), device, seed).model
 
@@ -132,8 +138,6 @@ class HostSyncs:
 
 def _library_dirs() -> tuple[str, ...]:
     """Where library code lives: the Python installation, its packages, and the ``utils`` package."""
-    import os
-    import sysconfig
 
     paths = sysconfig.get_paths()
     dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} | {os.path.dirname(os.path.dirname(__file__))}
@@ -144,9 +148,6 @@ def _host_reads_mode():
     """A ``TorchFunctionMode`` counting host reads (:data:`HOST_READS`) that the loop's own code
     makes: the caller (past torch's tensor-method shims) is outside every library. torch's
     optimizers read CPU step counters, which are no sync on a GPU either."""
-    import functools
-    import os
-    import sys
 
     from torch.overrides import TorchFunctionMode
 
@@ -234,7 +235,6 @@ class Audit:
     def measure(self, steps: int, warmup_steps: int = 3, monitor: bool = True) -> dict:
         """``utils.train.training.measure_loop`` on the audited loop, plus the tokens it really fed
         the model per measured step (``tokens_per_step_counted``)."""
-        from utils.train.training import measure_loop
 
         mark = self.mark()
         row = measure_loop(self, steps, warmup_steps=warmup_steps, monitor=monitor)
@@ -256,10 +256,6 @@ def audit(make_loop, preset: str, seq_len: int, reference_batch: int, steps: int
     The learner's exceptions propagate: the caller reports them."""
     import torch
 
-    from utils.measure.flops import flops_per_token_from_config
-    from utils.model.models import preset_config
-    from utils.train.training import LoopConfig, best_precision, build_loop
-    from utils.validate import positive_int
 
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     precision = best_precision(dev)

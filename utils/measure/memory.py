@@ -21,6 +21,9 @@ import sys
 from typing import Any
 
 from utils import validate
+from utils.device import nvml
+from utils.device.monitor import GpuMonitor
+from utils.measure.timing import _device_type, _find_device, device_sync
 from utils.units import GIB
 
 _DTYPE_BYTES = {
@@ -245,8 +248,6 @@ class PeakMemory:
         self._torch: Any = None
 
     def __enter__(self) -> PeakMemory:
-        from utils.device.monitor import GpuMonitor
-        from utils.measure.timing import _device_type, _find_device, device_sync
 
         self.device = _find_device(self.device, ())
         if _device_type(self.device) == "cuda":
@@ -317,7 +318,6 @@ class PeakMemory:
 
 def _nvml_index(device: Any) -> int | None:
     """NVML's index for a torch CUDA device, matched by PCI bus id (None without NVML)."""
-    from utils.device import nvml
 
     if not nvml.status().available:
         return None

@@ -31,7 +31,11 @@ translated by Yasotaro Morri, revised by J. R. Kennedy (1919; public domain in t
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -163,8 +167,6 @@ def choose_weights(name: str, download: bool = True) -> W.WeightsChoice:
 def _quiet():
     """No transformers progress bar ("Loading weights", "Writing model shards") and nothing else
     on stderr: a test cell that writes to stderr scores 0 under nbgrader."""
-    import contextlib
-    import io
 
     from transformers.utils import logging as hf_logging
 
@@ -254,7 +256,6 @@ def checkpoint_dir(preset: str) -> tuple[Path, W.WeightsChoice]:
     quantization config, say), for code that cannot start from a built model. The real
     checkpoint's snapshot when :func:`choose_weights` finds one; else the preset with random
     bf16 weights (seed 0), saved once per process, so that both load the same way."""
-    import tempfile
 
     import torch
 
@@ -439,7 +440,6 @@ def token_batches(tokenizer: Any, text: str | None, batch_size: int, seq_len: in
 
 
 def _main(argv: list[str] | None = None) -> int:
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m utils.model.models", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -29,6 +29,19 @@ import gc
 import math
 from typing import Any
 
+from utils.device import rehearsal
+from utils.model.models import (
+    _dtype_kwarg,
+    _torch_dtype,
+    checkpoint_dir,
+    choice_tokenizer,
+    encode,
+    load_text,
+    shipped_tokenizer,
+)
+from utils.serving.inference import measure_decode
+from utils.train.training import bitsandbytes_usable
+
 QUANT_MODES = ("int8", "nf4")
 HELD_OUT_FRACTION = 0.1
 
@@ -38,7 +51,6 @@ def reference_mode(device: Any = None) -> str:
     fp16 before (a T4 has no bf16; also when one is rehearsed: ``utils.device.rehearsal``), fp32 on a CPU."""
     import torch
 
-    from utils.device import rehearsal
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
@@ -54,7 +66,6 @@ def usable_modes(device: Any = None) -> tuple[str, ...]:
     7.5, nf4 alone below (a P100 is 6.0), none off CUDA."""
     import torch
 
-    from utils.device import rehearsal
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
@@ -69,8 +80,6 @@ def load(preset: str, mode: str, device: Any = None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from utils.model.models import _dtype_kwarg, _torch_dtype, checkpoint_dir
-    from utils.train.training import bitsandbytes_usable
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if mode not in QUANT_MODES + ("bf16", "fp16", "fp32"):
@@ -123,7 +132,6 @@ def held_out_ids(fraction: float = HELD_OUT_FRACTION, tokenizer: Any = None):
     shipped one; pass the model's own, :func:`utils.model.models.model_tokenizer`, for real weights)."""
     import torch
 
-    from utils.model.models import encode, load_text, shipped_tokenizer
 
     ids = encode(tokenizer if tokenizer is not None else shipped_tokenizer(), load_text())
     return torch.tensor(ids[int(len(ids) * (1 - fraction)):], dtype=torch.long)
@@ -158,10 +166,7 @@ def compare(preset: str, *, prompt_len: int, new_tokens: int, ppl_seq_len: int, 
     7.5) is in ``not_run``; ``weights`` says whether they were real or random, and why."""
     import torch
 
-    from utils.model.models import checkpoint_dir, choice_tokenizer
     from utils.serving.decode import eager_path
-    from utils.serving.inference import measure_decode
-    from utils.train.training import bitsandbytes_usable
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     ref = reference_mode(device)

@@ -29,6 +29,7 @@ so a test (or a notebook cell) that sets them later is obeyed.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -144,7 +145,6 @@ def hub_cache_dir() -> Path:
 def complete(snapshot: Path) -> bool:
     """A snapshot folder holds a loadable causal LM: ``config.json`` and safetensors weights
     (every shard an index names, when there is an index)."""
-    import json
 
     if not (snapshot / "config.json").is_file():
         return False

@@ -25,6 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
+from utils.model.models import build_model
 from utils.parallel.grad_sync import GRAD_RTOL, LEARNER_VERSIONS, NAMES, VERSIONS
 
 
@@ -110,7 +111,6 @@ def run_rank(answer_path: str | Path, cfg: dict, device) -> dict | None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from utils.model.models import build_model
 
     counter = _Counter()
     counter.install(dist)

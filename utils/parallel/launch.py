@@ -23,11 +23,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from utils.course import env
+from utils.parallel.grad_sync import write_answer_module
+
 REPO = Path(__file__).resolve().parents[2]
-ASSIGNMENT = "02_multi_gpu"
 CONFIGS = {name: REPO / "benchmarks" / "accelerate" / f"{name}.yaml" for name in ("ddp", "fsdp_full_shard",
                                                                                    "fsdp_shard_grad_op")}
 TRAIN, ALLREDUCE = REPO / "benchmarks" / "train_multi_gpu.py", REPO / "benchmarks" / "allreduce.py"
@@ -51,15 +54,14 @@ class Plan(NamedTuple):
         return "cpu" if self.backend == "gloo" else "gpu"
 
 
-def plan_for(n_gpus: int, smoke: bool, tier: str, work: str | None = None) -> Plan:
+def plan_for(n_gpus: int, smoke: bool, tier: str, by_tier: Mapping[str, Any], work: str | None = None) -> Plan:
     """Two or more GPUs: N = all of them over NCCL at the tier's sizes. Otherwise two CPU
     processes over gloo at smoke sizes (one process per GPU is what DDP needs, so one GPU
-    cannot show scaling)."""
-    from grader.labs import sizes
-
+    cannot show scaling). ``by_tier`` is the lab's sizes by tier, ``cpu`` (smoke) included
+    (``grader/labs/multi_gpu/sizes.py``'s ``BY_TIER``)."""
     work = work or tempfile.mkdtemp(prefix="gpulab-phase2-")
     if not smoke and n_gpus >= 2:
-        return Plan("nccl", n_gpus, n_gpus, tier, sizes(ASSIGNMENT, tier),
+        return Plan("nccl", n_gpus, n_gpus, tier, by_tier[tier],
                     f"{n_gpus} GPUs: one process per GPU over NCCL, {tier} sizes", work)
     if not smoke and n_gpus == 1:
         note = ("ONE GPU: scaling across GPUs cannot be measured here (DDP needs a process per GPU). The "
@@ -67,18 +69,17 @@ def plan_for(n_gpus: int, smoke: bool, tier: str, work: str | None = None) -> Pl
                 "plumbing. For real numbers use two GPUs (Kaggle: Accelerator > GPU T4 x2).")
     else:
         note = "NO GPU (smoke mode): 2 CPU processes over gloo at tiny sizes; the numbers check the plumbing, not a GPU."
-    return Plan("gloo", 2, n_gpus, "cpu", sizes(ASSIGNMENT, "cpu"), note, work)
+    return Plan("gloo", 2, n_gpus, "cpu", by_tier["cpu"], note, work)
 
 
-def plan(work: str | None = None) -> Plan:
-    """The plan for this machine (``utils.course.env``: smoke mode, GPU count, size tier)."""
+def plan(by_tier: Mapping[str, Any], work: str | None = None) -> Plan:
+    """The plan for this machine (``utils.course.env``: smoke mode, GPU count, size tier), at the
+    sizes ``by_tier`` gives each tier (:func:`plan_for`)."""
     import torch
 
-    from utils.course.env import device_tier, smoke_mode
-
-    smoke = smoke_mode()
+    smoke = env.smoke_mode()
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return plan_for(n, smoke, "cpu" if smoke else device_tier(), work)
+    return plan_for(n, smoke, "cpu" if smoke else env.device_tier(), by_tier, work)
 
 
 def _free_port() -> int:
@@ -282,7 +283,6 @@ def run_grad_sync(p: Plan, sync_each, sync_bucketed, overlapped, name: str = "gr
     """``torchrun --standalone --nproc_per_node N benchmarks/grad_sync.py`` on the learner's three
     gradient synchronizations (``utils.parallel.grad_sync``: their cell written to ``<work>/<name>_answer.py``)
     at the plan's tier; returns its JSON (plus ``file``)."""
-    from utils.parallel.grad_sync import write_answer_module
 
     answer = write_answer_module(Path(p.work) / f"{name}_answer.py", sync_each, sync_bucketed, overlapped)
     out = Path(p.work) / f"{name}.json"

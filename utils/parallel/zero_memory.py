@@ -40,6 +40,7 @@ each rank the shard remainder of :func:`remainder_bytes`.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.parallel.distributed import exit_without_teardown
+from utils.parallel.launch import run_zero_memory
 
 STAGES = ("ddp", "zero1", "zero3")
 NOT_MEASURED = {"zero2": "PyTorch keeps no whole parameters beside sharded gradients between steps (FSDP2 "
@@ -181,7 +183,6 @@ def run(p, predict=None, layers=LAYERS, name: str = "zero_memory", *, seed: int 
     torchrun command and :func:`table` of the bytes each rank held, beside ``predict`` (a
     ``memory_per_gpu_gb``) if given. Returns the run's JSON. Lab 02 runs it with the learner's
     function; the grader, quietly, with a stack of other widths."""
-    from utils.parallel.launch import run_zero_memory
 
     res = run_zero_memory(p, layers, name, seed=seed, verbose=verbose)
     if verbose:
@@ -277,7 +278,6 @@ def main(argv: list[str] | None = None) -> int:
         param_shapes(layers)
     except ValueError as exc:
         ap.error(f"--layers: {exc}")
-    import datetime
 
     import torch
     import torch.distributed as dist

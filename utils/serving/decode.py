@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils import validate
+from utils.measure.timing import device_sync
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 PATHS = ("eager", "static_compiled", "fast")
@@ -369,7 +370,6 @@ def hf_generate(model: Any, prompt: Any, n: int, cache_implementation: str | Non
 def warm(path: DecodePath, n: int) -> DecodePath:
     """Call ``path(n)`` once (compilation, cache allocation, CUDA-graph capture) and keep its wall
     time in ``path.warmup_s``."""
-    from utils.measure.timing import device_sync
 
     t0 = time.perf_counter()
     path(n)

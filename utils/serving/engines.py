@@ -43,6 +43,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from utils.device import rehearsal
+from utils.kv.sglang_log import parse_sglang_log
+from utils.kv.vllm_log import parse_vllm_log
 from utils.kv.vllm_releases import NEWEST_KNOWN, VllmRelease, vllm_release
 
 ENGINES = ("transformers", "vllm", "sglang")
@@ -389,7 +391,6 @@ def _num(value: str | None, kind=int):
 
 def vllm_facts(install: EngineInstall, log_text: str, metrics_text: str, opts: EngineOptions) -> EngineFacts:
     """vLLM's start-up facts from its log and ``/metrics`` (pure)."""
-    from utils.kv.vllm_log import parse_vllm_log
 
     log = parse_vllm_log(log_text)
     labels = _cache_config_labels(metrics_text)
@@ -412,7 +413,6 @@ def vllm_facts(install: EngineInstall, log_text: str, metrics_text: str, opts: E
 def sglang_facts(install: EngineInstall, log_text: str, opts: EngineOptions) -> EngineFacts:
     """SGLang's start-up facts from its log (pure): the first rank's KV pool line (``KV Cache
     is allocated. #tokens: N, K size: A GB, V size: B GB``) and scheduler line."""
-    from utils.kv.sglang_log import parse_sglang_log
 
     log = parse_sglang_log(log_text)
 

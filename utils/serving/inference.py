@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import gc
 import json
+import random
 import time
 import urllib.request
 from typing import Any
 
-from utils.units import GIB, gb_per_s, transfer_ms
+from utils.device import nvml
+from utils.kv.kvcache import from_hf_config
+from utils.kv.vllm_releases import vllm_formulas
+from utils.units import GIB, gb_per_s, gib_print_range, transfer_ms
 
 # -- bytes ----------------------------------------------------------------------------------------
 
@@ -52,7 +56,6 @@ def weight_bytes_read_per_step(model: Any) -> int:
 
 def kv_spec(model: Any):
     """:class:`utils.kv.kvcache.KVSpec` of a loaded model, its KV cache in the model's dtype."""
-    from utils.kv.kvcache import from_hf_config
 
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return from_hf_config(model.config.to_dict(), kv_dtype=dtype)
@@ -276,7 +279,6 @@ def prefix_caching_ttft(url: str, model: str, token_ids: list[int], prefix_len: 
     """Median TTFT of prompts that share a ``prefix_len``-token prefix (after the first, their
     prefix is in vLLM's prefix cache) against prompts of the same length that share nothing.
     Prompts are drawn from ``token_ids`` (ids the model's tokenizer can stream)."""
-    import random
 
     rng = random.Random(seed)
 
@@ -294,7 +296,6 @@ def prefix_caching_ttft(url: str, model: str, token_ids: list[int], prefix_len: 
 
 def nvml_used_gib(device_index: int = 0) -> float | None:
     """Device memory in use (all processes), in GiB, as ``nvidia-smi`` shows it; None without NVML."""
-    from utils.device import nvml
 
     if not nvml.status().available:
         return None
@@ -312,7 +313,6 @@ def held_memory_gib(server: Any, used_before_gib: float | None = None) -> tuple[
     On a CPU: the resident memory of the engine's processes (it counts their libraries too)."""
     if server.device == "cpu":
         return server.resident_gib(), "resident memory of the engine's processes"
-    from utils.device import nvml
 
     own = nvml.process_used_gib(server.process_ids()) if nvml.status().available else None
     if own is not None:
@@ -334,9 +334,6 @@ def served_kv_check(server: Any, calculator: Any) -> dict:
     can hide (:func:`utils.units.gib_print_range`) and the engine's numbers must fall in it.
     vLLM from 0.20.1 logs the tokens as ``int(max_concurrency x max_model_len)``, earlier
     releases as blocks x block size (:func:`utils.kv.vllm_releases.vllm_formulas`)."""
-    from utils.kv.kvcache import from_hf_config
-    from utils.kv.vllm_releases import vllm_formulas
-    from utils.units import gib_print_range
 
     f = server.facts
     kv_dtype = "fp8" if getattr(server.options, "kv_cache_dtype", None) else server.marker.get("dtype", "bf16")

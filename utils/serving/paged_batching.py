@@ -34,6 +34,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from utils import validate
+from utils.kv.vllm_kv import vllm_blocks_per_request, vllm_num_blocks
+from utils.measure.timing import TimingResult, device_sync
+from utils.serving.inference import kv_spec as spec
 
 MODEL = "llama-tiny"  # the serving exercise's model on every device: its cost is the scheduler's steps
 BLOCK_SIZE = 4  # tokens per block: small, so that requests of tens of tokens cross several blocks
@@ -80,14 +83,12 @@ def make_trace(n_requests: int, seed: int, *, prompt_lens: tuple[int, int] = (4,
 
 def kv_spec(model: Any):
     """The model's KV geometry (``utils.kv.kvcache``), in its dtype."""
-    from utils.serving.inference import kv_spec as spec
 
     return spec(model)
 
 
 def pool_blocks(model: Any, kv_memory_bytes: int, block_size: int = BLOCK_SIZE) -> int:
     """Blocks in ``kv_memory_bytes`` of KV memory, by vLLM's arithmetic (``utils.kv.vllm_kv``)."""
-    from utils.kv.vllm_kv import vllm_num_blocks
 
     return vllm_num_blocks(int(kv_memory_bytes), kv_spec(model), block_size=block_size)
 
@@ -134,7 +135,6 @@ class PagedEngine:
 
     def blocks_needed(self, tokens: int) -> int:
         """Blocks one request of ``tokens`` cached tokens holds (vLLM's full-attention count)."""
-        from utils.kv.vllm_kv import vllm_blocks_per_request
 
         return vllm_blocks_per_request(self.spec, tokens, block_size=self.block_size) if tokens else 0
 
@@ -156,7 +156,6 @@ class PagedEngine:
         token for the others. Returns the ids of the requests that finished in this step."""
         self._tick()
         new = self._check(tables)
-        from utils.measure.timing import device_sync
 
         dev = None if self.model is None else self._device
         device_sync(dev)
@@ -376,7 +375,6 @@ def timed_runs(scheduler: Callable[[PagedEngine], Any], make_engine: Callable[[]
     """``scheduler`` run ``repeats`` times, each on a fresh engine from ``make_engine``, timed
     whole with ``time.perf_counter`` (the device synchronised at both ends): the median run's
     tokens/s and mean latency, and the timing of all runs (``utils.measure.timing.TimingResult``)."""
-    from utils.measure.timing import TimingResult, device_sync
 
     validate.positive_int("repeats", repeats)
     runs = []

@@ -36,12 +36,15 @@ import inspect
 import io
 import pickle
 import random
+import shutil
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from utils.measure.timing import device_sync
 
 STEP_PREFIX = "step_"
 METADATA_FILE = ".metadata"  # written last by DCP's FileSystemWriter: the completeness marker
@@ -156,7 +159,6 @@ class Checkpointer:
         write, building the state dict, and the save or its CPU staging)."""
         import torch.distributed.checkpoint as dcp
 
-        from utils.measure.timing import device_sync
 
         _quiet_dcp()
         t0 = time.perf_counter()
@@ -198,7 +200,6 @@ class Checkpointer:
         return done[-1] if done else None
 
     def _prune(self) -> None:
-        import shutil
 
         for old in self.complete()[:-self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)

@@ -23,6 +23,7 @@ import inspect
 import json
 import os
 import random
+import shutil
 import sys
 import textwrap
 import time
@@ -31,6 +32,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from utils.measure.timing import Stopwatch, TimingResult, device_sync
+from utils.model.models import TokenBlocks, build_model, get_tokenizer
 from utils.train.checkpoint import Checkpointer, capture_rng_state, has_async_save, restore_rng_state, state_digests
 
 RESULT_FILE = "result.json"
@@ -136,7 +139,6 @@ def build(cfg: RunConfig):
     import numpy as np
     import torch
 
-    from utils.model.models import TokenBlocks, build_model, get_tokenizer
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -265,7 +267,6 @@ def measure_checkpoint_overhead(cfg: RunConfig, directory: str | Path, *, steps:
     (until the files are written), plus ``checkpoint_bytes`` on disk and ``async_native``
     (False: the thread fallback). Save times are host times around a device sync. The
     checkpoints are deleted afterwards."""
-    from utils.measure.timing import Stopwatch, TimingResult, device_sync
 
     model, opt, sched, loader = build(replace(cfg, async_save=True))
     sw = Stopwatch(warmup_steps=1, device=cfg.device)
@@ -291,7 +292,6 @@ def measure_checkpoint_overhead(cfg: RunConfig, directory: str | Path, *, steps:
             total.append(t_total)
     latest = sync_ckpt.latest()
     size = sum(p.stat().st_size for p in latest.iterdir()) if latest else 0
-    import shutil
 
     for sub in ("sync", "async"):
         shutil.rmtree(root / sub, ignore_errors=True)

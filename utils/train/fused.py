@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from utils.device import rehearsal
 from utils.units import gb_per_s
 
 
@@ -116,7 +117,6 @@ def _check(x: torch.Tensor, bias: torch.Tensor) -> None:
 def _require_capability(device: torch.device) -> None:
     """One line instead of a compiler failure on a GPU Triton does not support: PyTorch gates its
     Triton use at compute capability 7.0 and Triton's README lists 8.0+ (``utils.course.tier_plan``)."""
-    from utils.device import rehearsal
 
     major, minor = rehearsal.capability(device.index or 0)
     if major < 7:
@@ -164,7 +164,6 @@ def compare_bias_gelu(fused_fn, n_rows: int | None = None, n_cols: int = 3072, d
     from utils.measure.timing import benchmark
 
     _require_triton()
-    from utils.device import rehearsal
 
     interpreted = INTERPRETED
     dt = _dtype(dtype if dtype is not None else ("fp32" if interpreted else rehearsal.half_dtype()))

@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from utils.course.env import repo_root
 from utils.train.checkpoint import COMPONENTS
 from utils.train.checkpointed_run import DETERMINISM_ENV, RESULT_FILE, RunConfig
 
@@ -29,7 +30,6 @@ class RunProcess:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, *, hooks_file: str | Path | None = None,
                  pause_after_step: int | None = None, wait_for_go: bool = False):
-        from utils.course.env import repo_root
 
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)

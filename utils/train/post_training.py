@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+from utils.measure.timing import device_sync
+
 
 def char_pairs(text: str) -> set[str]:
     text = text.lower()
@@ -41,7 +43,6 @@ def window_clock(warmup: int, last: int, device):
     ``warmup`` (or at train begin when there is no warm-up) and at the end of step ``last``."""
     from transformers import TrainerCallback
 
-    from utils.measure.timing import device_sync
 
     class WindowClock(TrainerCallback):
         def __init__(self):
@@ -74,7 +75,6 @@ class GenerationTimer:
         model.generate = self._timed
 
     def _timed(self, *args, **kwargs):
-        from utils.measure.timing import device_sync
 
         device_sync(self.device)  # work queued before (the last optimizer step) is not generation's
         start = time.perf_counter()

@@ -22,11 +22,29 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from utils import validate
+from utils.device import rehearsal
+from utils.device.hardware import current_spec
+from utils.device.monitor import GpuMonitor
+from utils.measure.flops import flops_per_token_from_config, mfu_from_throughput
+from utils.measure.memory import count_saved_bytes, tensor_bytes, training_memory_estimate, transformer_activation_bytes
+from utils.measure.timing import Stopwatch, device_sync
+from utils.model.models import (
+    TokenBlocks,
+    _load_checkpoint,
+    build_model,
+    checkpoint_dir,
+    choose_weights,
+    get_tokenizer,
+    model_tokenizer,
+    preset_config,
+    token_batches,
+)
 from utils.units import GIB
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -80,7 +98,6 @@ def best_precision(device: Any = None) -> str:
     cores; autocast only adds casts)."""
     import torch
 
-    from utils.device import rehearsal
 
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type != "cuda":
@@ -118,7 +135,6 @@ def make_loader(config: LoopConfig, vocab_size: int, steps_per_epoch: int = 1000
     the config's workers and pinned memory. Workers persist across epochs."""
     import torch
 
-    from utils.model.models import TokenBlocks, get_tokenizer
 
     blocks = TokenBlocks(get_tokenizer(None), None, config.seq_len, vocab_size=vocab_size)
     ds = RepeatedBlocks(blocks, steps_per_epoch * config.batch_size)
@@ -140,8 +156,6 @@ class TrainLoop:
     def __init__(self, preset: str, config: LoopConfig, device: Any = None, seed: int = 0):
         import torch
 
-        from utils.measure.flops import flops_per_token_from_config
-        from utils.model.models import build_model, preset_config
 
         self.preset, self.config = preset, config
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -224,7 +238,6 @@ def peak_tflops_for(precision: str, spec=None) -> float | None:
     """The datasheet peak that MFU divides by: the dtype in use (fp32 as TF32 only if enabled)."""
     import torch
 
-    from utils.device.hardware import current_spec
 
     spec = spec or current_spec()
     if spec.kind != "gpu":
@@ -243,9 +256,6 @@ def measure_loop(loop: TrainLoop, steps: int, warmup_steps: int = 3, monitor: bo
     on the device instead), mean GPU utilization and peak allocated memory (CUDA)."""
     import torch
 
-    from utils.device.monitor import GpuMonitor
-    from utils.measure.flops import mfu_from_throughput
-    from utils.measure.timing import Stopwatch, device_sync
 
     if loop.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loop.device)
@@ -315,7 +325,6 @@ RECIPES = {
 
 def bitsandbytes_usable() -> tuple[bool, str]:
     """(usable, reason): 4-bit needs a CUDA GPU and an importable bitsandbytes."""
-    import importlib.util
 
     import torch
 
@@ -347,7 +356,6 @@ def build_finetune(preset: str, recipe: FinetuneRecipe, device: Any = None):
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    from utils.model.models import _load_checkpoint, build_model, checkpoint_dir, choose_weights
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     half = _torch_half(device)
@@ -415,9 +423,6 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
     """
     import torch
 
-    from utils.measure.memory import count_saved_bytes, tensor_bytes
-    from utils.measure.timing import Stopwatch
-    from utils.model.models import model_tokenizer, token_batches
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
@@ -482,7 +487,6 @@ def full_finetune_estimate(n_params: int, batch_size: int, seq_len: int, cfg) ->
     """What a full fine-tune of the same model would need (an estimate, ``utils.measure.memory``): bf16
     weights and gradients with fp32 master weights and AdamW moments (16 bytes/param), plus
     activations with full checkpointing (Korthikanti et al. 2022)."""
-    from utils.measure.memory import training_memory_estimate, transformer_activation_bytes
 
     acts = transformer_activation_bytes(batch_size, seq_len, cfg.hidden_size, cfg.num_hidden_layers,
                                         cfg.num_attention_heads, 2, checkpointing=True, dropout=False,

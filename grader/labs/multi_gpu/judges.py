@@ -42,6 +42,7 @@ import torch
 from grader.expect import Fail, Unusable, approx, band, cases, close, equal, in_band, not_above, spread, usable
 from grader.judging import Check
 from grader.labs.multi_gpu import harness, reference
+from grader.labs.multi_gpu.sizes import BY_TIER
 from utils.measure.flops import flops_per_token_from_config
 from utils.model.model_shapes import LLAMA_70B
 from utils.model.models import preset_config
@@ -395,7 +396,7 @@ def _call_problems(calls: dict, total: int, n_tensors: int, largest: int, cfg: d
 
 def _plan():
     """This machine's plan (``utils.parallel.launch.plan``), as the harness ran it."""
-    return launch.plan(tempfile.gettempdir())
+    return launch.plan(BY_TIER, tempfile.gettempdir())
 
 
 def grad_sync_check(a, ref):

@@ -35,6 +35,7 @@ import transformers.models.gpt2.modeling_gpt2  # noqa: F401 - loaded now: build_
 
 from grader import expect
 from grader.labs.multi_gpu import harness
+from grader.labs.multi_gpu.sizes import BY_TIER
 from utils.course.tier_plan import fingerprint_tier
 from utils.parallel import launch, zero_memory
 from utils.parallel.distributed import link_peak
@@ -124,7 +125,7 @@ class Reference:
 
 def _plan_of(ctx) -> Any:
     """This machine's plan (``utils.parallel.launch.plan``: smoke mode, its GPUs, its tier); each launch gets a folder of its own."""
-    return launch.plan(tempfile.gettempdir())
+    return launch.plan(BY_TIER, tempfile.gettempdir())
 
 
 def measure(ctx, needs: frozenset, slowdown: float, cache: dict) -> Reference:
@@ -138,7 +139,7 @@ def from_record(ctx, record: dict) -> Reference:
     from the record's fingerprint) say which runs the record must hold (provisional)."""
     fp = ctx.fingerprint or {}
     n_gpus = int(fp.get("device_count") or 1)
-    plan = launch.plan_for(n_gpus, False, ctx.tier, tempfile.gettempdir())
+    plan = launch.plan_for(n_gpus, False, ctx.tier, BY_TIER, tempfile.gettempdir())
     problem = ""
     want = fingerprint_tier(fp)
     if ctx.tier != want:

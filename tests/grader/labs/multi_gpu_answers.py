@@ -11,14 +11,15 @@ from grader.judging import Answers, Context
 from grader.labs import sizes as lab_sizes
 from grader.labs.multi_gpu import reference
 from grader.labs.multi_gpu.answers import ANSWERS
+from grader.labs.multi_gpu.sizes import BY_TIER
 from grader.sandbox import Section
 from grader.schema import loads
 from utils.device.hardware import spec_for_name
 from utils.parallel import grad_sync, launch
 
 A = "02_multi_gpu"
-CPU_PLAN = launch.plan_for(0, True, "cpu", "/tmp")
-H200_PLAN = launch.plan_for(2, False, "h100", "/tmp")
+CPU_PLAN = launch.plan_for(0, True, "cpu", BY_TIER, "/tmp")
+H200_PLAN = launch.plan_for(2, False, "h100", BY_TIER, "/tmp")
 
 
 def ctx(plan=CPU_PLAN, gpu: bool = False) -> Context:
