@@ -124,8 +124,15 @@ def test_exporter_image_copies_every_module_the_exporter_imports():
     code = "import sys, utils.production.exporter; print(' '.join(m for m in sys.modules if m.split('.')[0] == 'utils'))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    needed = {"utils/__init__.py" if m == "utils" else m.replace(".", "/") + ".py" for m in proc.stdout.split()}
+    files = {m: ROOT / (m.replace(".", "/") + ".py") for m in proc.stdout.split()}
+    needed = {(f if f.is_file() else f.with_suffix("") / "__init__.py").relative_to(ROOT).as_posix()
+              for f in files.values()}  # a module's file, or a package's __init__.py
     assert needed <= copied, f"the exporter image lacks {sorted(needed - copied)}"
+    # COPY with several sources puts them all in one folder: each file must land in its package's folder
+    for line in re.findall(r"^COPY ((?:[^\n\\]|\\\n?)*)$", (DEPLOY / "Dockerfile").read_text(), flags=re.M):
+        *sources, dest = line.replace("\\\n", " ").split()
+        for src in (s for s in sources if re.fullmatch(r"utils/\S+\.py", s)):
+            assert dest == f"/app/{src.rsplit('/', 1)[0]}/", f"COPY puts {src} in {dest}, not its package's folder"
 
 
 # -- Kubernetes manifests -------------------------------------------------------------------------

@@ -47,8 +47,8 @@ def grade(nb: dict, cells: tuple[str, ...], tmp: Path, seed: int = 5) -> dict:
 
 
 CHEATS = {  # answer cell: (a line of the solution, a line that calls the course's implementation first)
-    "speedup_answer": ("    def roof(spec):", "    return __import__('utils.measure.flops').flops.attainable_tflops(intensity, "
-                       "to_spec.peak_tflops(dtype), to_spec.bandwidth_gbs) / __import__('utils.measure.flops').flops."
+    "speedup_answer": ("    def roof(spec):", "    return __import__('utils.measure.flops').measure.flops.attainable_tflops(intensity, "
+                       "to_spec.peak_tflops(dtype), to_spec.bandwidth_gbs) / __import__('utils.measure.flops').measure.flops."
                        "attainable_tflops(intensity, from_spec.peak_tflops(dtype), from_spec.bandwidth_gbs)\n"
                        "    def roof(spec):"),
     "cost_functions": ("    return usd_per_gpu_hour / (samples_per_s * 3600)",
