@@ -1011,6 +1011,58 @@ def test_real_config_families_follow_vllm_032(name):
     assert f"{plan.max_concurrency:.2f}" == conc
 
 
+
+def _by_hand(layers, kv, hd, n_full, n_sliding, window, max_len, mla=False):
+    """The arithmetic FAMILY_TABLE states, written out apart from utils/ (vLLM 0.32.0's source: page
+    ``AttentionSpec.page_size_bytes``; group size ``_get_kv_cache_groups_uniform_page_size``; blocks
+    ``get_kv_cache_config_from_groups``; per request ``max_memory_usage_bytes`` of each spec; logged
+    concurrency ``get_max_concurrency_for_kv_cache_config`` and tokens ``get_kv_cache_capacity``)."""
+    per_token_layer = (1 if mla else 2) * kv * hd * 2
+    page = 16 * per_token_layer
+    counts = [n for n in (n_full, n_sliding) if n]
+    lo, hi = min(counts), max(counts)
+    group_size = hi if hi < 1.5 * lo else lo
+    full_groups, sliding_groups = -(-n_full // group_size), -(-n_sliding // group_size)
+    blocks = 20 * GIB // (page * group_size)
+    per_req = full_groups * -(-max_len // 16) + sliding_groups * (-(-min(window - 1 + 16384, max_len) // 16) + 1
+                                                                  if n_sliding else 0)
+    conc = blocks / per_req
+    return (layers * per_token_layer, full_groups + sliding_groups, group_size, per_req, blocks, int(conc * max_len),
+            f"{conc:.2f}")
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_TABLE))
+def test_family_table_rows_follow_the_stated_arithmetic(name):
+    """Each FAMILY_TABLE row recomputed by :func:`_by_hand`, which shares no code with utils/: the
+    table's numbers are the source's arithmetic, not a copy of what the calculator printed."""
+    (layers, kv, hd, n_full, n_sliding, window, bpt, max_len, groups, group_size, per_req, blocks, tokens,
+     conc) = FAMILY_TABLE[name]
+    assert n_full + n_sliding == layers
+    assert _by_hand(layers, kv, hd, n_full, n_sliding, window, max_len, mla=name == "deepseek_v2_lite") == (
+        bpt, groups, group_size, per_req, blocks, tokens, conc)
+
+
+# vLLM's max_model_len without --max-model-len, per release, by the rules of utils/vllm_max_model_len.py read in
+# vLLM's config/model.py _get_and_verify_max_len: name -> {release: (default, how it follows)}
+DEFAULT_LEN = {
+    "phi3_5_mini": {"0.11.0": (131072, "max_position_embeddings; longrope is never scaled"),
+                    "0.32.0": (4096, "LongRoPE defaults to original_max_position_embeddings from 0.11.1")},
+    "deepseek_v2_lite": {"0.29.0": (4096 * 40, "YaRN: original_max_position_embeddings 4096 x factor 40"),
+                         "0.32.0": (163840, "YaRN left unscaled from 0.30: max_position_embeddings")},
+    "minicpm_2b": {"0.32.0": (65536 * 4, "dynamic RoPE: max_position_embeddings 65536 x factor 4")},
+    "llama3_1_8b": {"0.32.0": (131072, "llama3 RoPE is never scaled: max_position_embeddings")},
+    "gemma3_4b": {"0.32.0": (131072, "text_config leaves it to Gemma3TextConfig's default; gemma3 never scaled")},
+    "chatglm3_6b": {"0.32.0": (8192, "seq_length, the only length key")},
+    "gpt2": {"0.32.0": (1024, "n_positions")},
+}
+
+
+@pytest.mark.parametrize("name, version", [(n, v) for n in DEFAULT_LEN for v in DEFAULT_LEN[n]])
+def test_real_configs_default_max_model_len_by_release(name, version):
+    from utils.vllm_max_model_len import vllm_max_model_len
+
+    assert vllm_max_model_len(CONFIGS / f"{name}.json", vllm_version=version).default == DEFAULT_LEN[name][version][0]
+
 def test_real_config_layer_patterns_by_family():
     """Where each family's sliding layers come from: gemma2 alternates (transformers' default,
     even layers sliding); gemma-3-4b's text_config gives no pattern (6 by default: full at 5, 11,
