@@ -258,10 +258,11 @@ def from_hf_config(config: dict | str | Path, *, kv_dtype: str | None = None, vl
     qwen2/qwen3 count ``sliding_window`` only with ``use_sliding_window: true``; a window of 0
     is no window (``ModelConfig``).
 
-    One-line :class:`KVConfigError`, nothing guessed: a missing or zero layer, head or head-dim
-    count; a layer type other than full, sliding or chunked attention (Mamba, linear
-    attention, sparse attention's indexer cache); KV shared across layers or layers of
-    different KV shapes; a config vLLM itself refuses. ``kv_dtype`` (``bf16``, ``fp16``,
+    One-line :class:`KVConfigError`, nothing guessed: no ``model_type``; a missing or zero layer,
+    head or head-dim count; attention heads that are not a multiple of the KV heads; a layer type
+    other than full, sliding or chunked attention (Mamba, linear attention, sparse attention's
+    indexer cache); KV shared across layers or layers of different KV shapes; a config vLLM itself
+    refuses. ``kv_dtype`` (``bf16``, ``fp16``,
     ``fp32``, ``fp8``) overrides the checkpoint dtype."""
     release = vllm_release(vllm_version)
     cfg = decoder_config(config)

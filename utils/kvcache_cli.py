@@ -4,7 +4,9 @@ From a Hugging Face ``config.json`` (``--config``) or three numbers (``--layers`
 ``--kv-heads``, ``--head-dim``): KV bytes per token (``utils/kvcache.py``) and vLLM's
 blocks, tokens and concurrency (``utils/vllm_kv.py``), as a table or ``--json``, for one vLLM
 release: ``--vllm-version``, else the vLLM ``utils.engines`` finds here, else the newest
-release the calculator knows. The output names the release and where it came from.
+release the calculator knows. The output names the release and where it came from. Without
+``--max-model-len`` a config's requests are as long as that release makes them when the flag is left
+out (``utils/vllm_max_model_len.py``), and a longer one is refused as vLLM refuses it.
 """
 from __future__ import annotations
 

@@ -1063,6 +1063,35 @@ def test_real_configs_default_max_model_len_by_release(name, version):
 
     assert vllm_max_model_len(CONFIGS / f"{name}.json", vllm_version=version).default == DEFAULT_LEN[name][version][0]
 
+
+def test_max_model_len_rules_on_the_edges():
+    """vLLM's config/model.py _get_and_verify_max_len, case by case (0.32 unless named): the smallest
+    length key; model_max_length wins and also bounds a given length; legacy ``su`` is LongRoPE; a null
+    factor counts as 1; per-layer-type RoPE dicts (the last scaled factor applies); no length key: no
+    default known, any given length accepted; a bad length is one line."""
+    from utils.vllm_max_model_len import vllm_max_model_len as mml
+
+    base = {"model_type": "llama"}
+    assert mml({**base, "max_position_embeddings": 4096, "max_sequence_length": 2048}).default == 2048
+    cmdr = mml({**base, "max_position_embeddings": 8192, "model_max_length": 131072})
+    assert (cmdr.default, cmdr.limit) == (131072, 131072)
+    su = {**base, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+          "rope_scaling": {"type": "su"}}
+    assert mml(su).default == 4096 and mml(su).limit == 131072
+    assert mml({**base, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": None}}).default == 4096
+    nested = {**base, "max_position_embeddings": 4096, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 2.0}, "sliding_attention": {"rope_type": "default"}}}
+    assert mml(nested).default == 8192
+    assert mml({**nested, "model_type": "gemma3_text"}).default == 4096  # Gemma 3: never scaled
+    none = mml(base)
+    assert none.default is None and none.limit == float("inf")
+    none.check(10**6)
+    with pytest.raises(KVConfigError, match="VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+        mml({**base, "max_position_embeddings": 4096}).check(4097)
+    mml({**base, "max_position_embeddings": 4096}).check(4097, allow_long=True)
+    with pytest.raises(KVConfigError, match="max_position_embeddings must be a positive number"):
+        mml({**base, "max_position_embeddings": "4k"})
+
 def test_real_config_layer_patterns_by_family():
     """Where each family's sliding layers come from: gemma2 alternates (transformers' default,
     even layers sliding); gemma-3-4b's text_config gives no pattern (6 by default: full at 5, 11,
