@@ -332,6 +332,16 @@ def _refuse_unmodelled(cfg: dict, model_type: str | None) -> None:
         if cfg.get(key):
             raise KVConfigError(f"config field {key} ({cfg[key]!r}) means layers of different KV shapes or shared KV: "
                                 "not modelled")
+    # a config per layer: Nemotron-NAS's block_configs (some layers without attention, KV heads per layer,
+    # vLLM's NemotronNasModelArchConfigConvertor), vLLM's is_heterogeneous per_layer_config, OpenELM's head lists
+    for key in ("block_configs", "is_heterogeneous", "per_layer_config"):
+        if cfg.get(key):
+            raise KVConfigError(f"config field {key} gives each layer its own attention shape (layers without "
+                                "attention, KV heads per layer): not modelled")
+    for key in ("num_key_value_heads", "num_kv_heads", "num_attention_heads", "num_query_heads", "head_dim"):
+        if isinstance(cfg.get(key), list):
+            raise KVConfigError(f"config field {key} is a list, one value per layer: layers of different KV shapes "
+                                "are not modelled")
 
 
 def _kv_heads(cfg: dict, heads: int) -> int:

@@ -1295,6 +1295,12 @@ def test_interleaved_before_0101_is_refused():
     (_cfg("llama", layer_types=["full_attention"] * 3), "3 entries for 4 layers"),
     (_cfg("exaone4", sliding_window=None), "give layer_types"),
     (_cfg("deepseek_v2", kv_lora_rank=512, qk_rope_head_dim=64, sliding_window=128), "MLA with sliding"),
+    ({k: v for k, v in _cfg("llama").items() if k != "model_type"}, "no model_type"),
+    (_cfg("llama", num_attention_heads=6, num_key_value_heads=4), "multiple of num_key_value_heads"),
+    (_cfg("nemotron-nas", block_configs=[{"attention": {"no_op": True}}] * 4), "block_configs"),
+    (_cfg("openelm", num_kv_heads=[1, 2, 2, 4]), "num_kv_heads is a list"),
+    (_cfg("gemma3_text", sliding_window=None, layer_types=["sliding_attention", "full_attention"] * 2),
+     "no sliding_window"),  # an explicit null is not Gemma3TextConfig's 4096 default
 ])
 def test_unmodelled_or_bad_configs_are_one_line_errors(cfg, message):
     with pytest.raises(KVConfigError) as e:
