@@ -1,4 +1,4 @@
-"""vLLM for real: its CPU build on the course's tiny models and on tiny models of 25 architecture shapes.
+"""vLLM for real: its CPU build on the course's tiny models and on tiny models of 28 architecture shapes.
 
 What is checked against what vLLM itself reports:
 
@@ -187,6 +187,17 @@ FAMILIES = {
                                topk_group=1, partial_rotary_factor=0.5), (),
                           dict(max_model_len=3000, kv_cache_memory_bytes=17 * MIB + 71),
                           "GLM-4.5/4.7 MoE: head_dim 64 with hidden / heads 16, GQA"),
+    "gemma-mqa-head-dim": (dict(model_type="gemma", num_hidden_layers=2, head_dim=48), (),
+                           dict(max_model_len=3000, kv_cache_memory_bytes=5 * MIB + 7),
+                           "Gemma (1): MQA, one KV head, head_dim given (48, not hidden / heads = 32)"),
+    "stablelm-partial-rotary": (dict(model_type="stablelm", num_hidden_layers=2, num_key_value_heads=2,
+                                     partial_rotary_factor=0.25, head_dim=None), (),
+                                dict(max_model_len=3000, kv_cache_memory_bytes=6 * MIB + 9),
+                                "StableLM: MHA with partial rotary embeddings, head dim from hidden / heads"),
+    "gptj-n-fields": (dict(model_type="gptj", num_hidden_layers=2, rotary_dim=16, num_key_value_heads=None,
+                           head_dim=None, bos_token_id=0, eos_token_id=0), (),
+                      dict(kv_cache_memory_bytes=7 * MIB + 11),
+                      "GPT-J: GPT-2 field names (n_layer, n_head, n_embd), MHA; no max_model_len given: n_positions"),
     "gemma2-odd-padding": (dict(model_type="gemma2", num_hidden_layers=5, sliding_window=64), ("layer_types",),
                            dict(max_model_len=3000, kv_cache_memory_bytes=9 * MIB + 5, max_num_batched_tokens=192),
                            "5 layers alternating: 3 sliding and 2 full in groups of 2, the second sliding group padded"),
@@ -347,7 +358,7 @@ CONFIGS = Path(__file__).parent.parent / "data" / "model_configs"
 
 
 def test_every_real_config_family_is_served_here_or_says_why():
-    """Each real config.json fixture (tests/data/model_configs, 20 model types) names in ``_vllm_cpu``
+    """Each real config.json fixture (tests/data/model_configs, 23 model types) names in ``_vllm_cpu``
     the tiny model of its family served here, which must exist and be of its model type, or says why
     its family is checked against the source's arithmetic only (tests/utils/test_kvcache.py)."""
     served_types = set()
@@ -365,7 +376,7 @@ def test_every_real_config_family_is_served_here_or_says_why():
             tiny_type = json.loads((Path("utils/configs") / f"{PLAIN[name][0]['preset']}.json").read_text())["model_type"]
         assert tiny_type == (cfg.get("text_config") or cfg)["model_type"], (f.name, tiny_type)
         served_types.add(tiny_type)
-    assert len(served_types) == 18, sorted(served_types)
+    assert len(served_types) == 21, sorted(served_types)
 
 
 def test_every_served_family_equals_the_calculator_on_the_installed_vllm(served_newest):

@@ -1,6 +1,6 @@
 """utils.kvcache: bytes per token, HF configs, vLLM's arithmetic, the log parser, the CLI,
 and real vLLM startup logs from GitHub (tests/data/vllm_logs, each citing its source); real
-config.json files of 20 architecture families (tests/data/model_configs, attention fields only,
+config.json files of 23 architecture families (tests/data/model_configs, attention and context-length fields only,
 each citing its source) against the arithmetic of vLLM 0.32's source; the release rules.
 
 Logged available memory is printed with %.2f GiB, so it fixes the block count only to
@@ -944,23 +944,25 @@ CONFIGS = Path(__file__).parent.parent / "data" / "model_configs"
 #        max_model_len, groups, group size, blocks per request, blocks, logged tokens, logged concurrency)
 # for vLLM 0.32.0 on one 80 GiB GPU with `vllm serve`'s defaults (block 16, max_num_batched_tokens 8192,
 # async scheduling: 16,384 tokens in flight), 20 GiB of KV memory, max_model_len min(the config's, 32768).
-# Every number follows the source's arithmetic by hand (and an encoding of it kept apart from utils/):
+# Every number follows the source's arithmetic by hand (_by_hand below, which shares no code with utils/):
 # page = 16 x 2 x KV heads x head dim x 2 B (MLA: 16 x latent x 2 B); blocks = 20 GiB // page // group size;
 # per request a full group takes cdiv(M, 16), a sliding one cdiv(min(W - 1 + 16384, M), 16) + 1;
 # tokens = int(blocks / per request x M). Each fixture's "_vllm_cpu" says where its family is served in CI as a
-# tiny model (tests/integration/test_vllm.py FAMILIES or PLAIN: 18 of the 20 model types), or why it is checked
+# tiny model (tests/integration/test_vllm.py FAMILIES or PLAIN: 21 of the 23 model types), or why it is checked
 # here against the source's arithmetic only (internlm2, minicpm: remote-code configs an offline CI cannot load).
 FAMILY_TABLE = {
     "aya_23_8b": (32, 8, 128, 32, 0, None, 131072, 8192, 1, 32, 512, 10240, 163840, "20.00"),
     "chatglm3_6b": (28, 2, 128, 28, 0, None, 28672, 8192, 1, 28, 512, 46811, 748976, "91.43"),
     "deepseek_v2_lite": (27, 1, 576, 27, 0, None, 31104, 32768, 1, 27, 2048, 43151, 690416, "21.07"),
     "gemma2_27b": (46, 16, 128, 23, 23, 4096, 376832, 8192, 2, 23, 1025, 7123, 56928, "6.95"),
+    "gemma_2b": (18, 1, 256, 18, 0, None, 18432, 8192, 1, 18, 512, 72817, 1165072, "142.22"),
     "gemma2_9b": (42, 8, 256, 21, 21, 4096, 344064, 8192, 2, 21, 1025, 7801, 62347, "7.61"),
     "gemma3_1b": (26, 1, 256, 4, 22, 512, 26624, 32768, 7, 4, 8390, 327680, 1279787, "39.06"),
     "gemma3_4b": (34, 4, 256, 5, 29, 1024, 139264, 32768, 7, 5, 8582, 65536, 250231, "7.64"),
     "glm4_7_fp8": (92, 8, 128, 92, 0, None, 376832, 32768, 1, 92, 2048, 3561, 56976, "1.74"),
     "gpt2": (12, 12, 64, 12, 0, None, 36864, 1024, 1, 12, 64, 36408, 582528, "568.88"),
     "gpt_bigcode": (24, 1, 128, 24, 0, None, 12288, 2048, 1, 24, 128, 109226, 1747616, "853.33"),
+    "gpt_j_6b": (28, 16, 256, 28, 0, None, 458752, 2048, 1, 28, 128, 2925, 46800, "22.85"),
     "gpt_oss_20b": (24, 8, 64, 12, 12, 128, 49152, 32768, 2, 12, 3081, 54613, 580836, "17.73"),
     "granite_8b": (40, 8, 128, 40, 0, None, 163840, 32768, 1, 40, 2048, 8192, 131072, "4.00"),
     "internlm2_7b": (32, 8, 128, 32, 0, None, 131072, 32768, 1, 32, 2048, 10240, 163840, "5.00"),
@@ -975,11 +977,12 @@ FAMILY_TABLE = {
     "qwen2_5_3b": (36, 2, 128, 36, 0, None, 36864, 32768, 1, 36, 2048, 36408, 582528, "17.78"),
     "qwen2_7b": (28, 4, 128, 28, 0, None, 57344, 32768, 1, 28, 2048, 23405, 374480, "11.43"),
     "qwen3_0_6b": (28, 8, 128, 28, 0, None, 114688, 32768, 1, 28, 2048, 11702, 187232, "5.71"),
+    "stablelm_3b": (32, 32, 80, 32, 0, None, 327680, 4096, 1, 32, 256, 4096, 65536, "16.00"),
     "starcoder2_15b": (32, 4, 128, 0, 32, 4096, 65536, 16384, 1, 32, 1025, 20480, 327360, "19.98"),
 }
 
 
-def test_the_fixtures_are_real_cited_configs_of_20_families():
+def test_the_fixtures_are_real_cited_configs_of_23_families():
     files = sorted(CONFIGS.glob("*.json"))
     assert {f.stem for f in files} == set(FAMILY_TABLE)
     types = set()
@@ -988,7 +991,7 @@ def test_the_fixtures_are_real_cited_configs_of_20_families():
         assert cfg["_source"].startswith(("https://", "config.json of")) and "https://" in cfg["_source"], f
         assert cfg["_vllm_cpu"].startswith(("served in CI as tests/integration/test_vllm.py ", "arithmetic only: ")), f
         types.add((cfg.get("text_config") or cfg)["model_type"])
-    assert len(types) >= 20, sorted(types)
+    assert len(types) >= 23, sorted(types)
     arithmetic_only = {json.loads(f.read_text())["model_type"] for f in files
                        if json.loads(f.read_text())["_vllm_cpu"].startswith("arithmetic only")}
     assert arithmetic_only == {"internlm2", "minicpm"}  # the rest are served (tests/integration/test_vllm.py)
