@@ -26,8 +26,12 @@ builds each engine as ``vllm serve`` would (``enforce_eager``, no request), all 
 process per release, about 1 s each after a 10 to 20 s import instead of 35 s per
 ``serve.start``. Measured on this project's 2-core machine (shared with other jobs, load about 1),
 the three served tests together: 106 s (the tiny models' build and vLLM 0.32's 24 engines 80 s,
-vLLM 0.27's 20 engines 25 s), before the five interleaving and context-length shapes were added;
-those five add MEASURE_ADDED (see benchmarks/RESULTS.md).
+vLLM 0.27's 20 engines 25 s) without the eight shapes of padded and 4:3 groups, Llama layer_types,
+derived max_model_len (three) and Gemma 1, StableLM and GPT-J. Those eight cost one engine each per
+release, measured with and without them, two runs each, alternating, on the same machine while another
+job ran (load average 2.4 to 4.6): vLLM 0.32's batch 83.6 -> 99.4 s of CPU (wall 87 -> 120 s), 0.27's
+28.3 -> 35.9 s (wall 38 -> 41 s), the models' build 6.3 -> 6.5 s: about 24 s of CPU
+(benchmarks/RESULTS.md, "KV-cache calculator against vLLM").
 """
 from __future__ import annotations
 
@@ -385,7 +389,7 @@ def test_every_served_family_equals_the_calculator_on_the_installed_vllm(served_
     derives), against what the installed vLLM allocated: its block count and block size (the engine's
     resolved cache config), the logged max_model_len, the logged ``CPU KV cache size`` tokens exactly,
     the logged concurrency to its two printed decimals, and the logged token budget. Served in one
-    process (tests/integration/vllm_kv_batch.py): 29 engines (28 on a CPU without fp8 KV), about 1 s
+    process (tests/integration/vllm_kv_batch.py): 32 engines (31 on a CPU without fp8 KV), about 1 s
     each on a quiet 2-core machine after a 10 to 20 s import."""
     version, got, dirs = served_newest
     wrong = [_compare(n, got[n], _calculator_for(dirs[n], FAMILIES[n][2] if n in FAMILIES else PLAIN[n][1], version))
@@ -401,7 +405,7 @@ def test_every_served_family_equals_the_calculator_on_an_older_release(served_ol
     128-token block), Granite's layer_types (read from 0.29; all full before) and Qwen3's YaRN length
     with no max_model_len given (before 0.30 the original 1536 positions x 2 = 3072 tokens, from 0.30
     the config's 2048). The newest release's rules would miss all three. Not served there: MLA (0.27's
-    CPU build answers "MLA is not supported on CPU"). 25 engines in one process."""
+    CPU build answers "MLA is not supported on CPU"). 28 engines in one process."""
     version, got, dirs = served_older
     for name, why in OLDER_REFUSES.items():
         assert why in (got.pop(name)["error"] or ""), name  # vLLM itself cannot serve it there: nothing to compare
