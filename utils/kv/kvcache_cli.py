@@ -4,7 +4,9 @@ From a Hugging Face ``config.json`` (``--config``) or three numbers (``--layers`
 ``--kv-heads``, ``--head-dim``): KV bytes per token (``utils/kv/kvcache.py``) and vLLM's
 blocks, tokens and concurrency (``utils/kv/vllm_kv.py``), as a table or ``--json``, for one vLLM
 release: ``--vllm-version``, else the vLLM ``utils.serving.engines`` finds here, else the newest
-release the calculator knows. The output names the release and where it came from.
+release the calculator knows. The output names the release and where it came from. Without
+``--max-model-len`` a config's requests are as long as that release makes them when the flag is left
+out (``utils/kv/vllm_max_model_len.py``), and a longer one is refused as vLLM refuses it.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from utils import validate
 from utils.kv.kvcache import SLIDING, KVConfigError, KVSpec, dtype_bytes, from_hf_config
 from utils.kv.vllm_kv import VllmPlan, vllm_available_kv_bytes, vllm_plan
+from utils.kv.vllm_max_model_len import vllm_max_model_len
 from utils.kv.vllm_releases import vllm_default_block_size, vllm_default_max_num_batched_tokens, vllm_release
 from utils.serving import engines
 from utils.units import GIB
@@ -43,7 +46,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", choices=["bf16", "fp16", "fp32", "fp8"], help="KV cache dtype (default: the config's, else bf16)")
     p.add_argument("--block-size", type=int, help="tokens per block (default: vLLM's for the device: 16 on GPUs, "
                    "the CPU build's own otherwise)")
-    p.add_argument("--max-model-len", type=int, help="tokens per request (default: the config's max_position_embeddings)")
+    p.add_argument("--max-model-len", type=int, help="tokens per request (default: what the release derives from the "
+                   "config, as vllm serve does without --max-model-len)")
+    p.add_argument("--allow-long-max-model-len", action="store_true", help="accept a --max-model-len longer than the "
+                   "config allows, as vLLM does with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
     p.add_argument("--batch", type=int, default=1, help="requests of --max-model-len to check for fit (default 1)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs splitting the KV heads (default 1)")
     p.add_argument("--max-num-batched-tokens", type=int, help="scheduler token budget, which sizes sliding and chunked "
@@ -128,9 +134,17 @@ def main(argv: list[str] | None = None) -> int:
         spec = _spec_from_args(args, p, release)
         if args.max_model_len == 0:
             p.error("--max-model-len must be positive, got 0")
-        max_len = args.max_model_len or spec.max_position_embeddings
+        max_len, len_source = args.max_model_len, "given"
+        if args.config is not None:
+            lengths = vllm_max_model_len(args.config, vllm_version=release)
+            if max_len:
+                lengths.check(max_len, allow_long=args.allow_long_max_model_len)
+            elif lengths.default is None:
+                p.error(f"--max-model-len is required: {lengths.how}")
+            else:
+                max_len, len_source = lengths.default, f"vLLM {release.version}'s default for this config: {lengths.how}"
         if not max_len:
-            p.error("--max-model-len is required (the config gives no max_position_embeddings)")
+            p.error("--max-model-len is required with --layers/--kv-heads/--head-dim")
         avail, how = _available_from_args(args, p)
         block_size = args.block_size or vllm_default_block_size(release, device, mla=spec.mla)
         budget = args.max_num_batched_tokens or vllm_default_max_num_batched_tokens(
@@ -141,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                          async_scheduling=args.async_scheduling)
     except KVConfigError as e:
         p.error(str(e))
-    defaults = {"block_size": "given" if args.block_size else f"vLLM {release.version}'s default on {device}",
+    defaults = {"max_model_len": len_source,
+                "block_size": "given" if args.block_size else f"vLLM {release.version}'s default on {device}",
                 "max_num_batched_tokens": "given" if args.max_num_batched_tokens else
                 f"vllm serve's default for vLLM {release.version} on {device}"}
     if args.json:
@@ -171,6 +186,7 @@ def _table(spec: KVSpec, plan: VllmPlan, how: str, release, device: str, where: 
             ("KV-cache groups", f"{plan.num_groups} of {plan.group_size} layers ({groups})"),
             ("token budget", f"{plan.max_num_batched_tokens:,} ({defaults['max_num_batched_tokens']}); "
                              f"{plan.in_flight_tokens:,} in flight"),
+            ("max_model_len", f"{plan.max_model_len:,} ({defaults['max_model_len']})"),
             (f"one request of {plan.max_model_len:,} tokens", f"{plan.blocks_per_request:,} blocks, {gib(plan.request_bytes)}")]
     if plan.num_blocks is None:
         rows.append(("available KV memory", "not given (--kv-memory-gib or --gpu-memory-gib)"))

@@ -65,6 +65,15 @@ RELEASE_RULES = (
     ((0, 30, 0, 0), "sliding_block", "primary"),
     ((0, 0, 0, 0), "gpu_160gib_defaults", False),
     ((0, 28, 0, 0), "gpu_160gib_defaults", True),  # engine/arg_utils.py get_batch_defaults
+    # max_model_len left out (config/model.py _get_and_verify_max_len; vllm/config.py before 0.10):
+    # a LongRoPE model's default is its original_max_position_embeddings from 0.11.1 (0.11.0 read);
+    # RoPE scaling's factor multiplies the config's length for every type but su, longrope and llama3,
+    # a YaRN length first reset to its original_max_position_embeddings; from 0.30 (0.29 read) YaRN,
+    # deepseek_yarn and deepseek_llama_scaling leave the length as the config gives it
+    ((0, 0, 0, 0), "longrope_default_len", False),
+    ((0, 11, 1, 0), "longrope_default_len", True),
+    ((0, 0, 0, 0), "yarn_scales_len", True),
+    ((0, 30, 0, 0), "yarn_scales_len", False),
 )
 
 
@@ -83,6 +92,8 @@ class VllmRelease:
     granite_layer_types: bool
     sliding_block: str
     gpu_160gib_defaults: bool
+    longrope_default_len: bool
+    yarn_scales_len: bool
     known: bool = True  # False: newer than NEWEST_KNOWN or older than OLDEST_KNOWN (nearest rules assumed)
 
     @property
