@@ -24,37 +24,28 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
+import pkgutil
 import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
 
-HOME = {  # module -> the subpackage that holds it
-    # device
-    "hardware": "device", "nvml": "device", "monitor": "device", "gpu_memory": "device", "topology": "device", "rehearsal": "device",
-    # measure
-    "timing": "measure", "flops": "measure", "matmul_ceiling": "measure", "matmul_sweep": "measure", "memory": "measure", "step_traffic": "measure", "record": "measure",
-    # diagnosis
-    "profiling": "diagnosis", "profile_diagnosis": "diagnosis", "diagnosis_cases": "diagnosis", "trace_events": "diagnosis", "trace_metrics": "diagnosis", "loop_audit": "diagnosis",
-    # model
-    "models": "model", "weights": "model", "model_dir": "model", "model_shapes": "model", "quantize": "model", "int8_checkpoint": "model",
-    # train
-    "training": "train", "checkpoint": "train", "checkpointed_run": "train", "kill_harness": "train", "post_training": "train", "fused": "train",
-    # parallel
-    "distributed": "parallel", "grad_sync": "parallel", "grad_sync_harness": "parallel", "scaling": "parallel", "scaling_breaks": "parallel", "zero_memory": "parallel", "launch": "parallel",
-    # kv
-    "kvcache": "kv", "kvcache_cli": "kv", "kv_calculator": "kv", "vllm_kv": "kv", "vllm_log": "kv", "vllm_releases": "kv",
-    "vllm_max_model_len": "kv", "sglang_log": "kv",
-    # serving
-    "inference": "serving", "decode": "serving", "paged_batching": "serving", "serve": "serving", "engines": "serving", "loadgen": "serving",
-    # production
-    "exporter": "production", "nvml_collector": "production", "dcgm_metrics": "production", "k8s_gpu": "production", "dockerfile": "production",
-    # capacity
-    "operating_point": "capacity", "cost": "capacity", "accelerators": "capacity",
-    # tpu
-    "tpu_pod": "tpu", "xla": "tpu",
-    # course
-    "bootstrap": "course", "env": "course", "exercise_hints": "course", "lab_memory": "course", "tier_plan": "course", "notebook_lab": "course",
-}
+
+def _homes() -> dict[str, str]:
+    """Each module of a subpackage -> that subpackage, read from the folders themselves, so a module
+    added to a subpackage gets its bare name with it. A name that is also a top-level module or
+    subpackage keeps its own meaning (tests/utils/test_bare_names.py checks no two modules share one)."""
+    here = Path(__file__).parent
+    top = {m.name for m in pkgutil.iter_modules([str(here)])}  # utils.plots, utils.kv: never renamed
+    homes: dict[str, str] = {}
+    for pkg in sorted(m.name for m in pkgutil.iter_modules([str(here)]) if m.ispkg):
+        for mod in pkgutil.iter_modules([str(here / pkg)]):
+            if mod.name not in top:
+                homes.setdefault(mod.name, pkg)
+    return homes
+
+
+HOME = _homes()  # module -> the subpackage that holds it
 
 
 class _BareNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -138,7 +138,6 @@ def grading() -> bool:
 
 
 def _vllm_line() -> str:
-
     try:
         return engines.ensure_vllm(install_on_gpu=os.environ.get(INSTALL_VLLM_VAR, "1") != "0" and not grading())
     except engines.EngineError as exc:
@@ -150,7 +149,6 @@ def _no_install(requirement: str) -> str:
 
 
 def _install_hints(lab: str, repo: str | Path) -> object:
-
     return exercise_hints.install(lab, repo)
 
 

@@ -70,7 +70,6 @@ def device_tier() -> str:
         return "cpu"
     import torch
 
-
     major, _ = torch.cuda.get_device_capability(0)
     return gpu_tier(major, torch.cuda.get_device_properties(0).total_memory / 2**30)
 

@@ -98,7 +98,6 @@ class Shape:
 
 @cache
 def shape(preset: str) -> Shape:
-
     c = preset_config_dict(preset)
     if c.get("model_type") == "gpt2":
         L, h, V, P = c["n_layer"], c["n_embd"], c["vocab_size"], c["n_positions"]

@@ -346,7 +346,6 @@ def lab_summary(p: LabPlan) -> str:
 def current_card(smoke: bool) -> Card:
     """The card this process runs on (the CPU in smoke mode): the rehearsed one under
     ``GPULAB_TIER`` (``utils.device.rehearsal``)."""
-
     if smoke:
         return CARDS["cpu"]
     import torch
@@ -368,8 +367,6 @@ def software_absent() -> tuple[tuple[str, str], ...]:
     """The optional packages a GPU lab uses that this machine cannot use, each with the one-line
     reason the lab itself gives: vLLM (``utils.serving.engines.available``, what lab 03's and 04's engine
     choice reads) and bitsandbytes (``utils.model.quantize``)."""
-
-
     absent = []
     ok, why = engines.available("vllm")
     if not ok:

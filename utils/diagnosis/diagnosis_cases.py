@@ -176,7 +176,6 @@ def _matmuls(device: Any, n: int = 4096, gpu_ms: float = 10.0):
     """``reps`` half-precision ``n x n`` matmuls, ``reps`` chosen to take about ``gpu_ms`` here."""
     import torch
 
-
     dtype = rehearsal.half_torch_dtype(torch.device(device).index or 0)
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -271,7 +270,6 @@ def profiled(device: Any = None, steps: int = 3) -> list[tuple[str, D.ProfileSum
     """``(name, summary without its verdict, the course's verdict)`` for each loop of this
     device (:data:`LOOPS_GPU` with a GPU, :data:`LOOPS_CPU` without), profiled here and now."""
     import torch
-
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     loops = LOOPS_GPU if str(device).startswith("cuda") else LOOPS_CPU

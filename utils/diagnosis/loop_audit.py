@@ -56,14 +56,12 @@ def loop_dataset(seq_len: int, vocab_size: int, length: int = 100_000):
     """The course's training data as a map-style dataset of ``(input_ids, labels)`` blocks of
     ``seq_len`` tokens: the naive loop's (``utils.train.training.make_loader``), long enough that an
     epoch never ends during a lab."""
-
     return RepeatedBlocks(TokenBlocks(get_tokenizer(None), None, seq_len, vocab_size=vocab_size), length)
 
 
 def fresh_model(preset: str, seq_len: int, device: Any = None, seed: int = 0):
     """The model the course's naive loop starts from, built the way it builds it
     (``utils.train.training.TrainLoop``, the same seed), in train mode, without a KV cache."""
-
     return build_loop(preset, naive_config(1, seq_len), device, seed).model
 
 
@@ -138,7 +136,6 @@ class HostSyncs:
 
 def _library_dirs() -> tuple[str, ...]:
     """Where library code lives: the Python installation, its packages, and the ``utils`` package."""
-
     paths = sysconfig.get_paths()
     dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} | {os.path.dirname(os.path.dirname(__file__))}
     return tuple(os.path.realpath(d) + os.sep for d in dirs if d)
@@ -148,7 +145,6 @@ def _host_reads_mode():
     """A ``TorchFunctionMode`` counting host reads (:data:`HOST_READS`) that the loop's own code
     makes: the caller (past torch's tensor-method shims) is outside every library. torch's
     optimizers read CPU step counters, which are no sync on a GPU either."""
-
     from torch.overrides import TorchFunctionMode
 
     libraries = _library_dirs()
@@ -235,7 +231,6 @@ class Audit:
     def measure(self, steps: int, warmup_steps: int = 3, monitor: bool = True) -> dict:
         """``utils.train.training.measure_loop`` on the audited loop, plus the tokens it really fed
         the model per measured step (``tokens_per_step_counted``)."""
-
         mark = self.mark()
         row = measure_loop(self, steps, warmup_steps=warmup_steps, monitor=monitor)
         row["tokens_per_step_claimed"] = self.tokens_per_step
@@ -255,7 +250,6 @@ def audit(make_loop, preset: str, seq_len: int, reference_batch: int, steps: int
     ``reference_batch`` x ``seq_len``, the device's precision) beside it from the same weights.
     The learner's exceptions propagate: the caller reports them."""
     import torch
-
 
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     precision = best_precision(dev)

@@ -248,7 +248,6 @@ class PeakMemory:
         self._torch: Any = None
 
     def __enter__(self) -> PeakMemory:
-
         self.device = _find_device(self.device, ())
         if _device_type(self.device) == "cuda":
             import torch
@@ -318,7 +317,6 @@ class PeakMemory:
 
 def _nvml_index(device: Any) -> int | None:
     """NVML's index for a torch CUDA device, matched by PCI bus id (None without NVML)."""
-
     if not nvml.status().available:
         return None
     try:

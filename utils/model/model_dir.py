@@ -63,7 +63,6 @@ def default_dtype(device: str | None = None, engine: str | None = None) -> str:
     bf16 matmuls are slow there) and bf16 for vLLM's CPU build (its kernels' native type); on
     a GPU bf16 from Ampere (compute capability 8.0), fp16 before (a T4 has no bf16), and the
     rehearsed card's choice under a forced smaller tier (``utils.device.rehearsal``)."""
-
     if (device or default_device()) == "cpu":
         return "bf16" if engine == "vllm" else "fp32"
     return rehearsal.half_dtype()
@@ -84,7 +83,6 @@ def clean_token_ids(tokenizer) -> list[int]:
 
 
 def _dir_key(preset: str, dtype: str) -> str:
-
     h = hashlib.sha256(json.dumps([LAYOUT, preset, dtype, preset_config_dict(preset)], sort_keys=True).encode())
     h.update(TOKENIZER_FILE.read_bytes())
     return h.hexdigest()[:12]
@@ -116,7 +114,6 @@ def build_model_dir(preset: str, dtype: str | None = None, *, root: str | os.Pat
     there) and written as safetensors; the directory name holds a hash of the preset's config,
     the tokenizer and the dtype, so a changed config builds a new one. With ``weights="auto"``
     it prints one line: which weights, and why."""
-
     if preset not in MODEL_PRESETS:
         raise ServeError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
     if weights not in ("auto", "random"):
@@ -176,7 +173,6 @@ def _publish(work: Path, out: Path) -> None:
 def _write_model(preset: str, dtype: str, device: str, work: Path) -> dict:
     from transformers.utils import logging as hf_logging
 
-
     tok = shipped_tokenizer()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # "Writing model shards": a widget in Jupyter, stderr elsewhere
@@ -190,7 +186,6 @@ def _write_model(preset: str, dtype: str, device: str, work: Path) -> dict:
 def _write_files(preset: str, dtype: str, device: str, work: Path, tok) -> dict:
     import torch
     from transformers import GenerationConfig
-
 
     with contextlib.redirect_stderr(io.StringIO()):
         torch.manual_seed(0)
@@ -223,7 +218,6 @@ _NOT_LINKED = ("config.json", "generation_config.json", MARKER)
 def safetensors_params(path: Path) -> int:
     """Parameters stored in a safetensors file, from its header alone (8 bytes of little-endian
     length, then JSON: name -> dtype, shape, offsets; the safetensors format's README)."""
-
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
@@ -317,7 +311,6 @@ def quantized_model_dir(model_dir: str | os.PathLike, fmt: str = "w8a8") -> Path
     (:mod:`utils.model.int8_checkpoint`: ``"w8a8"`` int8 weights and activations, ``"w4a16"`` 4-bit
     weights), written once beside it as ``<name>-<fmt>`` and reused. vLLM serves both, its CPU
     build included (compressed-tensors)."""
-
     src = Path(model_dir).resolve()
     out = src.parent / f"{src.name}-{fmt}"
     if (out / MARKER).is_file():

@@ -167,7 +167,6 @@ def choose_weights(name: str, download: bool = True) -> W.WeightsChoice:
 def _quiet():
     """No transformers progress bar ("Loading weights", "Writing model shards") and nothing else
     on stderr: a test cell that writes to stderr scores 0 under nbgrader."""
-
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -256,7 +255,6 @@ def checkpoint_dir(preset: str) -> tuple[Path, W.WeightsChoice]:
     quantization config, say), for code that cannot start from a built model. The real
     checkpoint's snapshot when :func:`choose_weights` finds one; else the preset with random
     bf16 weights (seed 0), saved once per process, so that both load the same way."""
-
     import torch
 
     choice = choose_weights(preset)
@@ -440,7 +438,6 @@ def token_batches(tokenizer: Any, text: str | None, batch_size: int, seq_len: in
 
 
 def _main(argv: list[str] | None = None) -> int:
-
     parser = argparse.ArgumentParser(prog="python -m utils.model.models", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     mk = sub.add_parser("make-tokenizer", help="retrain utils/data/tokenizer.json from the shipped text")

@@ -51,7 +51,6 @@ def reference_mode(device: Any = None) -> str:
     fp16 before (a T4 has no bf16; also when one is rehearsed: ``utils.device.rehearsal``), fp32 on a CPU."""
     import torch
 
-
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
         return "fp32"
@@ -66,7 +65,6 @@ def usable_modes(device: Any = None) -> tuple[str, ...]:
     7.5, nf4 alone below (a P100 is 6.0), none off CUDA."""
     import torch
 
-
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda":
         return ()
@@ -79,7 +77,6 @@ def load(preset: str, mode: str, device: Any = None):
     ``nf4``), in eval mode. A quantized mode without a usable bitsandbytes is a one-line error."""
     import torch
     from transformers import AutoModelForCausalLM
-
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if mode not in QUANT_MODES + ("bf16", "fp16", "fp32"):
@@ -131,7 +128,6 @@ def held_out_ids(fraction: float = HELD_OUT_FRACTION, tokenizer: Any = None):
     """Token ids of the last ``fraction`` of the shipped book, in ``tokenizer`` (default: the
     shipped one; pass the model's own, :func:`utils.model.models.model_tokenizer`, for real weights)."""
     import torch
-
 
     ids = encode(tokenizer if tokenizer is not None else shipped_tokenizer(), load_text())
     return torch.tensor(ids[int(len(ids) * (1 - fraction)):], dtype=torch.long)

@@ -145,7 +145,6 @@ def hub_cache_dir() -> Path:
 def complete(snapshot: Path) -> bool:
     """A snapshot folder holds a loadable causal LM: ``config.json`` and safetensors weights
     (every shard an index names, when there is an index)."""
-
     if not (snapshot / "config.json").is_file():
         return False
     index = snapshot / "model.safetensors.index.json"

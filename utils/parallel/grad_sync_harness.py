@@ -111,7 +111,6 @@ def run_rank(answer_path: str | Path, cfg: dict, device) -> dict | None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-
     counter = _Counter()
     counter.install(dist)
     answer = load_answer(answer_path)

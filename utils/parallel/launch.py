@@ -283,7 +283,6 @@ def run_grad_sync(p: Plan, sync_each, sync_bucketed, overlapped, name: str = "gr
     """``torchrun --standalone --nproc_per_node N benchmarks/grad_sync.py`` on the learner's three
     gradient synchronizations (``utils.parallel.grad_sync``: their cell written to ``<work>/<name>_answer.py``)
     at the plan's tier; returns its JSON (plus ``file``)."""
-
     answer = write_answer_module(Path(p.work) / f"{name}_answer.py", sync_each, sync_bucketed, overlapped)
     out = Path(p.work) / f"{name}.json"
     args = ["--tier", p.tier, "--seed", str(seed)] + ["--smoke"] * (p.backend == "gloo")

@@ -183,7 +183,6 @@ def run(p, predict=None, layers=LAYERS, name: str = "zero_memory", *, seed: int 
     torchrun command and :func:`table` of the bytes each rank held, beside ``predict`` (a
     ``memory_per_gpu_gb``) if given. Returns the run's JSON. Lab 02 runs it with the learner's
     function; the grader, quietly, with a stack of other widths."""
-
     res = run_zero_memory(p, layers, name, seed=seed, verbose=verbose)
     if verbose:
         print(table(res, predict), flush=True)

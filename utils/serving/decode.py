@@ -370,7 +370,6 @@ def hf_generate(model: Any, prompt: Any, n: int, cache_implementation: str | Non
 def warm(path: DecodePath, n: int) -> DecodePath:
     """Call ``path(n)`` once (compilation, cache allocation, CUDA-graph capture) and keep its wall
     time in ``path.warmup_s``."""
-
     t0 = time.perf_counter()
     path(n)
     device_sync(path.prompt.device)

@@ -391,7 +391,6 @@ def _num(value: str | None, kind=int):
 
 def vllm_facts(install: EngineInstall, log_text: str, metrics_text: str, opts: EngineOptions) -> EngineFacts:
     """vLLM's start-up facts from its log and ``/metrics`` (pure)."""
-
     log = parse_vllm_log(log_text)
     labels = _cache_config_labels(metrics_text)
     kv_bytes = _num(labels.get("kv_cache_memory_bytes"))
@@ -413,7 +412,6 @@ def vllm_facts(install: EngineInstall, log_text: str, metrics_text: str, opts: E
 def sglang_facts(install: EngineInstall, log_text: str, opts: EngineOptions) -> EngineFacts:
     """SGLang's start-up facts from its log (pure): the first rank's KV pool line (``KV Cache
     is allocated. #tokens: N, K size: A GB, V size: B GB``) and scheduler line."""
-
     log = parse_sglang_log(log_text)
 
     def first(ranked):

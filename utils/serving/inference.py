@@ -56,7 +56,6 @@ def weight_bytes_read_per_step(model: Any) -> int:
 
 def kv_spec(model: Any):
     """:class:`utils.kv.kvcache.KVSpec` of a loaded model, its KV cache in the model's dtype."""
-
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return from_hf_config(model.config.to_dict(), kv_dtype=dtype)
 
@@ -279,7 +278,6 @@ def prefix_caching_ttft(url: str, model: str, token_ids: list[int], prefix_len: 
     """Median TTFT of prompts that share a ``prefix_len``-token prefix (after the first, their
     prefix is in vLLM's prefix cache) against prompts of the same length that share nothing.
     Prompts are drawn from ``token_ids`` (ids the model's tokenizer can stream)."""
-
     rng = random.Random(seed)
 
     def tokens(n: int) -> list[int]:
@@ -296,7 +294,6 @@ def prefix_caching_ttft(url: str, model: str, token_ids: list[int], prefix_len: 
 
 def nvml_used_gib(device_index: int = 0) -> float | None:
     """Device memory in use (all processes), in GiB, as ``nvidia-smi`` shows it; None without NVML."""
-
     if not nvml.status().available:
         return None
     info = nvml.query("nvmlDeviceGetMemoryInfo", nvml.handle(device_index))
@@ -334,7 +331,6 @@ def served_kv_check(server: Any, calculator: Any) -> dict:
     can hide (:func:`utils.units.gib_print_range`) and the engine's numbers must fall in it.
     vLLM from 0.20.1 logs the tokens as ``int(max_concurrency x max_model_len)``, earlier
     releases as blocks x block size (:func:`utils.kv.vllm_releases.vllm_formulas`)."""
-
     f = server.facts
     kv_dtype = "fp8" if getattr(server.options, "kv_cache_dtype", None) else server.marker.get("dtype", "bf16")
     spec = from_hf_config(server.model_dir / "config.json", kv_dtype="fp8" if kv_dtype == "fp8" else None)

@@ -83,13 +83,11 @@ def make_trace(n_requests: int, seed: int, *, prompt_lens: tuple[int, int] = (4,
 
 def kv_spec(model: Any):
     """The model's KV geometry (``utils.kv.kvcache``), in its dtype."""
-
     return spec(model)
 
 
 def pool_blocks(model: Any, kv_memory_bytes: int, block_size: int = BLOCK_SIZE) -> int:
     """Blocks in ``kv_memory_bytes`` of KV memory, by vLLM's arithmetic (``utils.kv.vllm_kv``)."""
-
     return vllm_num_blocks(int(kv_memory_bytes), kv_spec(model), block_size=block_size)
 
 
@@ -135,7 +133,6 @@ class PagedEngine:
 
     def blocks_needed(self, tokens: int) -> int:
         """Blocks one request of ``tokens`` cached tokens holds (vLLM's full-attention count)."""
-
         return vllm_blocks_per_request(self.spec, tokens, block_size=self.block_size) if tokens else 0
 
     def _tick(self) -> None:
@@ -375,7 +372,6 @@ def timed_runs(scheduler: Callable[[PagedEngine], Any], make_engine: Callable[[]
     """``scheduler`` run ``repeats`` times, each on a fresh engine from ``make_engine``, timed
     whole with ``time.perf_counter`` (the device synchronised at both ends): the median run's
     tokens/s and mean latency, and the timing of all runs (``utils.measure.timing.TimingResult``)."""
-
     validate.positive_int("repeats", repeats)
     runs = []
     for _ in range(repeats):

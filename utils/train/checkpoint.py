@@ -159,7 +159,6 @@ class Checkpointer:
         write, building the state dict, and the save or its CPU staging)."""
         import torch.distributed.checkpoint as dcp
 
-
         _quiet_dcp()
         t0 = time.perf_counter()
         self.wait()
@@ -200,7 +199,6 @@ class Checkpointer:
         return done[-1] if done else None
 
     def _prune(self) -> None:
-
         for old in self.complete()[:-self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 

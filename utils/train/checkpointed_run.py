@@ -139,7 +139,6 @@ def build(cfg: RunConfig):
     import numpy as np
     import torch
 
-
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -267,7 +266,6 @@ def measure_checkpoint_overhead(cfg: RunConfig, directory: str | Path, *, steps:
     (until the files are written), plus ``checkpoint_bytes`` on disk and ``async_native``
     (False: the thread fallback). Save times are host times around a device sync. The
     checkpoints are deleted afterwards."""
-
     model, opt, sched, loader = build(replace(cfg, async_save=True))
     sw = Stopwatch(warmup_steps=1, device=cfg.device)
     for _ in range(max(2, steps)):

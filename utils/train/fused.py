@@ -117,7 +117,6 @@ def _check(x: torch.Tensor, bias: torch.Tensor) -> None:
 def _require_capability(device: torch.device) -> None:
     """One line instead of a compiler failure on a GPU Triton does not support: PyTorch gates its
     Triton use at compute capability 7.0 and Triton's README lists 8.0+ (``utils.course.tier_plan``)."""
-
     major, minor = rehearsal.capability(device.index or 0)
     if major < 7:
         raise RuntimeError(f"Triton does not compile for compute capability {major}.{minor} (7.0 or newer: a T4, "

@@ -30,7 +30,6 @@ class RunProcess:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, *, hooks_file: str | Path | None = None,
                  pause_after_step: int | None = None, wait_for_go: bool = False):
-
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "utils.train.checkpointed_run", "run", "--out", str(self.out_dir), "--config",

@@ -43,7 +43,6 @@ def window_clock(warmup: int, last: int, device):
     ``warmup`` (or at train begin when there is no warm-up) and at the end of step ``last``."""
     from transformers import TrainerCallback
 
-
     class WindowClock(TrainerCallback):
         def __init__(self):
             self.stamps: dict[int, float] = {}
@@ -75,7 +74,6 @@ class GenerationTimer:
         model.generate = self._timed
 
     def _timed(self, *args, **kwargs):
-
         device_sync(self.device)  # work queued before (the last optimizer step) is not generation's
         start = time.perf_counter()
         out = self._generate(*args, **kwargs)

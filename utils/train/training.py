@@ -98,7 +98,6 @@ def best_precision(device: Any = None) -> str:
     cores; autocast only adds casts)."""
     import torch
 
-
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type != "cuda":
         return "fp32"
@@ -135,7 +134,6 @@ def make_loader(config: LoopConfig, vocab_size: int, steps_per_epoch: int = 1000
     the config's workers and pinned memory. Workers persist across epochs."""
     import torch
 
-
     blocks = TokenBlocks(get_tokenizer(None), None, config.seq_len, vocab_size=vocab_size)
     ds = RepeatedBlocks(blocks, steps_per_epoch * config.batch_size)
     return torch.utils.data.DataLoader(ds, batch_size=config.batch_size, shuffle=False, drop_last=True,
@@ -155,7 +153,6 @@ class TrainLoop:
 
     def __init__(self, preset: str, config: LoopConfig, device: Any = None, seed: int = 0):
         import torch
-
 
         self.preset, self.config = preset, config
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -238,7 +235,6 @@ def peak_tflops_for(precision: str, spec=None) -> float | None:
     """The datasheet peak that MFU divides by: the dtype in use (fp32 as TF32 only if enabled)."""
     import torch
 
-
     spec = spec or current_spec()
     if spec.kind != "gpu":
         return None
@@ -255,7 +251,6 @@ def measure_loop(loop: TrainLoop, steps: int, warmup_steps: int = 3, monitor: bo
     ``utils.measure.matmul_ceiling.fraction`` reads ``achieved_tflops`` against the matmul ceiling measured
     on the device instead), mean GPU utilization and peak allocated memory (CUDA)."""
     import torch
-
 
     if loop.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loop.device)
@@ -325,7 +320,6 @@ RECIPES = {
 
 def bitsandbytes_usable() -> tuple[bool, str]:
     """(usable, reason): 4-bit needs a CUDA GPU and an importable bitsandbytes."""
-
     import torch
 
     if not torch.cuda.is_available():
@@ -355,7 +349,6 @@ def build_finetune(preset: str, recipe: FinetuneRecipe, device: Any = None):
     A 4-bit recipe without a usable bitsandbytes falls back to bf16 LoRA and says so in ``note``."""
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
 
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     half = _torch_half(device)
@@ -423,7 +416,6 @@ def measure_finetune(preset: str, recipe: FinetuneRecipe, batch_size: int, seq_l
     """
     import torch
 
-
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     if cuda:
@@ -487,7 +479,6 @@ def full_finetune_estimate(n_params: int, batch_size: int, seq_len: int, cfg) ->
     """What a full fine-tune of the same model would need (an estimate, ``utils.measure.memory``): bf16
     weights and gradients with fp32 master weights and AdamW moments (16 bytes/param), plus
     activations with full checkpointing (Korthikanti et al. 2022)."""
-
     acts = transformer_activation_bytes(batch_size, seq_len, cfg.hidden_size, cfg.num_hidden_layers,
                                         cfg.num_attention_heads, 2, checkpointing=True, dropout=False,
                                         attention_scores=False)
