@@ -13,6 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+from grader.startup import skip_iri_grammars
+
+skip_iri_grammars()  # before anything imports nbformat (grader/startup.py)
+
 
 def _cmd_release(a) -> int:
     from grader.release import release

@@ -245,19 +245,19 @@ def grade_batch(
     ``gpu_plan`` (:func:`grader.gpus.plan`) pins each worker to a GPU of its own; default: one
     job per visible GPU, or ``jobs`` on a machine without one."""
     from grader import gpus
-    from utils.course.env import smoke_mode
     from utils.measure.record import utils_hash
 
-    if gpu_plan is None:
-        devices = gpus.visible_devices()
-        gpu_plan = gpus.plan(min(jobs, len(devices)) if devices else jobs, devices=devices)
-    jobs = gpu_plan.jobs
-    timeout = C.cell_timeout(assignment, jobs, timeout_s)  # measures this machine's speed and load, once
-    base_env = _kernel_env(smoke_mode(), utils_hash())
+    probe = gpus.Probe()  # torch's import, in a process of its own while the course is released below
     code_files = read_code()
     work = Path(tempfile.mkdtemp(prefix="gpulab-grade-"))
     try:
         master = C.make_course(work / "_master", assignment, source_dir)
+        smoke, devices = probe.result()
+        if gpu_plan is None:
+            gpu_plan = gpus.plan(min(jobs, len(devices)) if devices else jobs, devices=devices)
+        jobs = gpu_plan.jobs
+        timeout = C.cell_timeout(assignment, jobs, timeout_s, smoke)  # measures this machine's speed and load, once
+        base_env = _kernel_env(smoke, utils_hash())
         released = C.released_path(master, assignment)
         base = C.read_grades(master, assignment, "_nobody_")
         max_score, cell_list = base["max_score"], _grade_cells(released)

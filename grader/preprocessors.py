@@ -26,6 +26,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from nbformat.notebooknode import NotebookNode
@@ -69,6 +70,42 @@ def preload(assignment: str) -> None:
             lab.part(part)
 
 
+class _Preload(threading.Thread):
+    def __init__(self, assignment: str):
+        super().__init__(name=f"preload-{assignment}", daemon=True)
+        self.assignment, self.error = assignment, None
+
+    def run(self) -> None:
+        try:
+            preload(self.assignment)
+        except BaseException as exc:  # re-raised where the grader waits for it
+            self.error = exc
+
+
+_PRELOADS: dict[str, _Preload] = {}
+
+
+def start_preload(assignment: str) -> None:
+    """:func:`preload` in a thread, so that the judges' imports (torch, transformers: 2 to 4 s on the
+    2-core CI machine) overlap nbgrader's sanitizing steps and the kernel's start, which run no
+    notebook code. :func:`wait_preloaded` is called before the first cell runs."""
+    if assignment not in _PRELOADS:
+        _PRELOADS[assignment] = _Preload(assignment)
+        _PRELOADS[assignment].start()
+
+
+def wait_preloaded(assignment: str) -> None:
+    """Return once :func:`preload` of ``assignment`` is done (run here if no thread started it);
+    its exception, if it raised."""
+    thread = _PRELOADS.get(assignment)
+    if thread is None:
+        preload(assignment)
+        return
+    thread.join()
+    if thread.error is not None:
+        raise thread.error
+
+
 class InsertExports(NbGraderPreprocessor):
     """Before each graded code cell of a judged lab, the cell that prints its answers (see module docstring)."""
 
@@ -76,7 +113,6 @@ class InsertExports(NbGraderPreprocessor):
         assignment = resources["nbgrader"]["assignment"]
         if not judged(assignment):
             return nb, resources
-        preload(assignment)
         lab = labs.load(assignment)
         cells = []
         for cell in nb.cells:
@@ -104,11 +140,17 @@ class GuardedExecute(Execute):
 
         no_tracing()
         self._seen = {}
+        self._assignment = (resources or {}).get("nbgrader", {}).get("assignment")
         before = descendants()
         try:
             return super().preprocess(nb, resources, km)
         finally:
             kill_descendants(spare=before)
+
+    def preprocess_cell(self, cell, resources, index):
+        if self._assignment:  # the judges' code is in memory before the notebook's first cell runs
+            wait_preloaded(self._assignment)
+        return super().preprocess_cell(cell, resources, index)
 
     def process_message(self, msg, cell, cell_index):
         t, content = msg.get("msg_type"), msg.get("content", {})
@@ -205,6 +247,7 @@ class JudgeCells(NbGraderPreprocessor):
         assignment = resources["nbgrader"]["assignment"]
         if not judged(assignment):
             return nb, resources
+        wait_preloaded(assignment)
         lab = labs.load(assignment)
         exports, cells = {}, []
         for cell in nb.cells:

@@ -17,6 +17,9 @@ import traceback
 from pathlib import Path
 
 from grader.processes import become_subreaper, kill_descendants
+from grader.startup import skip_iri_grammars
+
+skip_iri_grammars()  # before anything imports nbformat (grader/startup.py)
 
 KERNEL_DEATH_RETRIES = 1  # a dead kernel is graded once more: a machine's fault must not cost the learner
 
@@ -162,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
 
     C.prepare_process_env(a.course / "jupyter")
     become_subreaper()
-    from grader.preprocessors import preload
+    from grader.preprocessors import start_preload
 
-    preload(a.assignment)  # the judges' code, imported before any notebook runs
+    start_preload(a.assignment)  # the judges' code, in memory before the notebook's first cell runs
     try:
         result = grade(a.course, a.assignment, a.student, a.timeout, not a.no_feedback, a.iopub_timeout,
                        a.startup_timeout, a.timeout_why, a.count_provisional, a.seed)

@@ -58,3 +58,28 @@ def test_visible_devices_follow_cuda_visible_devices(monkeypatch):
     assert gpus.visible_devices() == ["0", "1"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpus.visible_devices() == []
+
+
+def test_the_probe_answers_what_this_process_would(monkeypatch):
+    """The child process asks the same functions: smoke mode (GPULAB_SMOKE forces it) and the devices."""
+    from utils.course.env import smoke_mode
+
+    assert gpus.Probe().result() == (smoke_mode(), gpus.visible_devices())
+    monkeypatch.setenv("GPULAB_SMOKE", "1")
+    assert gpus.Probe().result()[0] is True
+
+
+def test_a_probe_that_fails_is_answered_here(monkeypatch):
+    import subprocess
+    import sys
+
+    from utils.course.env import smoke_mode
+
+    monkeypatch.setattr(gpus, "_PROBE", "import sys; print('not json'); sys.exit(3)")
+    assert gpus.Probe().result() == (smoke_mode(), gpus.visible_devices())
+    monkeypatch.setattr(gpus, "_PROBE", "print('{\"smoke\": \"yes\", \"devices\": 0}')")  # wrong types
+    assert gpus.Probe().result() == (smoke_mode(), gpus.visible_devices())
+    hung = gpus.Probe.__new__(gpus.Probe)
+    hung._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert hung.result(timeout_s=0.5) == (smoke_mode(), gpus.visible_devices())
+    assert hung._proc.poll() is not None  # the stuck child is gone
