@@ -226,7 +226,7 @@ def new_gradebook(root: Path) -> Path:
     with: 3.7 s of a 38 s ``check`` on the 2-core CI machine (cProfile of ``python -m grader check``,
     lab 00). Here the head comes from alembic's ``ScriptDirectory`` on the same migration scripts
     (``nbgrader.dbutil.ALEMBIC_DIR``) and the tables from the same models (``nbgrader.api.Base``);
-    nbgrader then finds the tables and stamps nothing. tests/grader/test_course.py compares the file
+    nbgrader then finds the tables and stamps nothing. tests/grader/test_startup_cost.py compares the file
     with the one nbgrader makes itself."""
     from alembic.script import ScriptDirectory
     from nbgrader.api import Base

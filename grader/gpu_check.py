@@ -35,10 +35,12 @@ def _check(nb: Path, out: Path, name: str, env: dict, extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "grader", "check", str(nb), "--json-out", str(out / f"{name}.json"),
            "--out", str(out / name.removeprefix("check_")), *extra]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    log = out / f"{name}.txt"  # written as the check runs: a run stopped from outside keeps what it printed
+    with open(log, "w") as fh:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=fh,
+                              stderr=subprocess.STDOUT, text=True)
     wall_s = time.perf_counter() - t0
-    (out / f"{name}.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    print(proc.stdout, flush=True)
+    print(log.read_text(), flush=True)
     res = json.loads((out / f"{name}.json").read_text()) if (out / f"{name}.json").is_file() else {}
     auto_max = res.get("auto_max_score", res.get("max_score"))
     return {"exit": proc.returncode, "wall_s": round(wall_s, 1), "score": res.get("score"),

@@ -165,6 +165,9 @@ T4_RUN = "benchmarks/results/h200-t4-rehearsal-all-labs-2026-12-04/"
 T4_FP16 = "benchmarks/results/h200-t4-rehearsal-labs-00-05-fp16-2026-12-04/"
 T4_HOW = "H200 rehearsing a T4 (GPULAB_TIER=t4), nvidia-smi every 0.5 s, lab graded live, 2026-12-04"
 H100_HOW = "H100 80GB, nvidia-smi every 0.5 s, lab graded live at the h100 tier, 2026-12-05"
+H100_RUN = "benchmarks/results/h100-grader-live/2026-12-07/"
+H100_LIVE_HOW = ("H100 80GB, nvidia-smi every 0.5 s, lab graded live at the h100 tier by the judges outside the "
+                 "kernel (python -m grader.gpu_check --live-only), no vLLM, 2026-12-07")
 
 
 @dataclass(frozen=True)

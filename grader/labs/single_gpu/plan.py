@@ -12,7 +12,17 @@ from utils.course.lab_memory import (
     states_gib,
     train_gib,
 )
-from utils.course.tier_plan import H100_HOW, H100_NO_VLLM, REHEARSED_T4, T4_HOW, T4_RUN, Card, MeasuredPeak, card_dtype
+from utils.course.tier_plan import (
+    H100_LIVE_HOW,
+    H100_NO_VLLM,
+    H100_RUN,
+    REHEARSED_T4,
+    T4_HOW,
+    T4_RUN,
+    Card,
+    MeasuredPeak,
+    card_dtype,
+)
 
 ASSIGNMENT = "01_single_gpu"
 
@@ -58,5 +68,6 @@ def parts(card: Card, s, ok: bool, why: str):
 MEASURED_PEAKS = (
     MeasuredPeak(ASSIGNMENT, REHEARSED_T4, 14373 / 1024, "ladder (14,371 MiB; 14,373 in test_optimized)", T4_HOW,
                  T4_RUN + "t4_memcells_01_single_gpu.json"),
-    MeasuredPeak(ASSIGNMENT, H100_NO_VLLM, 72.0, "", H100_HOW, ""),
+    MeasuredPeak(ASSIGNMENT, H100_NO_VLLM, 72257 / 1024, "ladder", H100_LIVE_HOW,
+                 H100_RUN + "h100_memcells_01_single_gpu.json"),
 )
