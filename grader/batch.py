@@ -353,6 +353,7 @@ def grade_batch(
             resume.finish(Path(out_dir))
         return ordered
     finally:
+        probe.close()
         if os.environ.get(KEEP_ENV, "") in ("", "0"):
             shutil.rmtree(work, ignore_errors=True)
         else:

@@ -77,6 +77,14 @@ class Probe:
             return smoke_mode(), visible_devices()
         return got["smoke"], [str(d) for d in got["devices"]]
 
+    def close(self) -> None:
+        """Stop the child if it is still running (a grading that failed before it asked)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
 
 @dataclass
 class GpuPlan:

@@ -83,3 +83,11 @@ def test_a_probe_that_fails_is_answered_here(monkeypatch):
     hung._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     assert hung.result(timeout_s=0.5) == (smoke_mode(), gpus.visible_devices())
     assert hung._proc.poll() is not None  # the stuck child is gone
+    hung.close()  # idempotent once the child is gone
+
+
+def test_a_probe_not_asked_is_stopped():
+    probe = gpus.Probe()
+    probe.close()
+    assert probe._proc.poll() is not None
+
