@@ -9,8 +9,10 @@ free: the grader's CPU bands are wide and kernels get one thread each (``grader/
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
+import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,8 +54,6 @@ class Probe:
     worked out in this process instead."""
 
     def __init__(self):
-        import subprocess
-
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")) if p)}
         self._proc = subprocess.Popen([sys.executable, "-c", _PROBE], stdout=subprocess.PIPE,
@@ -61,9 +61,6 @@ class Probe:
 
     def result(self, timeout_s: float = 120.0) -> tuple[bool, list[str]]:
         """``(smoke, devices)``."""
-        import json
-        import subprocess
-
         try:
             out, _ = self._proc.communicate(timeout=timeout_s)
             got = json.loads(out.strip().splitlines()[-1]) if self._proc.returncode == 0 and out.strip() else None
